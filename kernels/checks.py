@@ -1,0 +1,40 @@
+"""Argument checks shared by every layer: each error names the argument, the value and what
+was expected, so bad input fails early and says how to fix it."""
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+
+def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
+    """`value` as an int if it is an integer >= 1 (>= 0 with `allow_zero`), else ValueError."""
+    low = 0 if allow_zero else 1
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        what = "a non-negative integer" if allow_zero else "a positive integer"
+        raise ValueError(f"{name}={value!r} is invalid: expected {what}")
+    return int(value)
+
+
+def fraction(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:
+    """`value` as a float in [low, high], else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= value <= high:
+        raise ValueError(f"{name}={value!r} is invalid: expected a number in [{low}, {high}]")
+    return float(value)
+
+
+def one_of(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """`value` if it is one of `choices`, else ValueError listing them."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is invalid: expected one of {choices}")
+    return value
+
+
+def known_names(name: str, values: Iterable[str], known: Iterable[str]) -> list[str]:
+    """`values` as a list if every entry is in `known`, else ValueError naming the unknown ones."""
+    values, known = list(values), list(known)
+    unknown = [v for v in values if v not in known]
+    if unknown:
+        raise ValueError(f"{name}: unknown column(s) {unknown}; available columns are {known}")
+    return values
