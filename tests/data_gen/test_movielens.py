@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from data_gen.movielens import GENRES, generate_movielens, read_movielens, write_movielens
+
+
+@pytest.fixture(scope="module")
+def ml():
+    return generate_movielens(80_000, num_users=500, num_movies=300, seed=0)
+
+
+def test_columns_ranges_and_time_order(ml):
+    r = ml.ratings
+    assert r.column_names == ["userId", "movieId", "genres", "rating", "timestamp"]
+    assert pc.min(r["userId"]).as_py() >= 1 and pc.max(r["userId"]).as_py() <= 500
+    assert pc.max(r["movieId"]).as_py() <= 300
+    assert set(np.unique(r["rating"].to_numpy())) <= {1.0, 2.0, 3.0, 4.0, 5.0}
+    assert np.all(np.diff(r["timestamp"].to_numpy()) >= 0)
+    genres = set(pc.list_flatten(r["genres"]).to_pylist())
+    assert genres <= set(GENRES) and len(genres) > 10
+
+
+def test_planted_structure_is_learnable_and_popularity_skewed(ml):
+    assert 0.65 < ml.metadata["oracle_auc"] < 0.95
+    assert 0.3 < ml.metadata["positive_rate"] < 0.7
+    counts = np.sort(np.bincount(ml.ratings["movieId"].to_numpy()))[::-1]
+    assert counts[0] > 20 * np.median(counts[counts > 0])
+    # genres carry signal: the mean rating differs between genres
+    df = ml.ratings.select(["genres", "rating"]).to_pandas().explode("genres")
+    means = df.groupby("genres")["rating"].mean()
+    assert means.max() - means.min() > 0.2
+
+
+def test_written_csv_reads_back_identically(tmp_path, ml):
+    write_movielens(tmp_path / "ml", 80_000, num_users=500, num_movies=300, seed=0, progress=False)
+    back = read_movielens(tmp_path / "ml")
+    assert back.ratings.equals(ml.ratings)
+    assert back.metadata["oracle_auc"] == pytest.approx(ml.metadata["oracle_auc"])
+
+
+def test_prefix_property():
+    a = generate_movielens(1000, num_users=50, num_movies=40, seed=3).ratings
+    b = generate_movielens(70_000, num_users=50, num_movies=40, seed=3).ratings
+    assert a.equals(b.slice(0, 1000))
+
+
+def test_reads_ml_100k_layout(tmp_path):
+    (tmp_path / "u.data").write_text("1\t2\t5\t881250949\n2\t1\t3\t881250950\n")
+    flags = ["0|0|1" + "|0" * 16, "0|1|0" + "|0" * 16]  # 'unknown', Action, Adventure, ...
+    (tmp_path / "u.item").write_text(
+        f"1|Toy Story (1995)|01-Jan-1995||http://x|{flags[0]}\n2|GoldenEye (1995)|01-Jan-1995||http://y|{flags[1]}\n")
+    ml = read_movielens(tmp_path)
+    assert ml.ratings.to_pylist() == [
+        {"userId": 1, "movieId": 2, "genres": ["Action"], "rating": 5.0, "timestamp": 881250949},
+        {"userId": 2, "movieId": 1, "genres": ["Adventure"], "rating": 3.0, "timestamp": 881250950}]
+    assert ml.metadata["layout"] == "ml-100k"
+
+
+def test_reads_ml_1m_layout(tmp_path):
+    (tmp_path / "ratings.dat").write_text("1::1193::5::978300760\n1::661::3::978302109\n")
+    (tmp_path / "movies.dat").write_text(
+        "1193::One Flew (1975)::Drama\n661::James (1996)::Animation|Children's|Musical\n")
+    ml = read_movielens(tmp_path)
+    assert ml.ratings["genres"].to_pylist() == [["Drama"], ["Animation", "Children's", "Musical"]]
+    assert ml.ratings["rating"].to_pylist() == [5.0, 3.0] and ml.metadata["layout"] == "ml-1m"
+
+
+def test_unknown_movie_gets_no_genres_and_missing_layout_is_named(tmp_path):
+    (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,99,4.5,10\n")
+    (tmp_path / "movies.csv").write_text('movieId,title,genres\n1,"A, film",(no genres listed)\n')
+    assert read_movielens(tmp_path).ratings["genres"].to_pylist() == [[]]
+    with pytest.raises(FileNotFoundError, match="no MovieLens layout"):
+        read_movielens(tmp_path / "nothing")
+
+
+@pytest.mark.parametrize("kwargs, match", [({"num_users": 0}, "num_users=0"), ({"seed": -2}, "seed=-2")])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate_movielens(100, **kwargs)
+    with pytest.raises(ValueError, match="num_ratings=0"):
+        generate_movielens(0)
