@@ -1,0 +1,71 @@
+"""Every notebook runs end to end through papermill at smoke size, and its metrics are checked.
+
+Each notebook in notebooks/ needs an entry in SMOKE: the papermill parameters that make it
+small, and a check of the numbers it wrote to metrics.json. A notebook without one fails.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def check_01(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["criteo_rows"] == p["CRITEO_ROWS"] and m["criteo_parts"] == p["NUM_PARTS"]
+    assert 0.74 < m["criteo_oracle_auc"] < 0.86
+    assert abs(m["criteo_positive_rate"] - 0.25) < 0.03
+    assert all(abs(r - m["criteo_positive_rate"]) < 0.03 for r in m["criteo_part_positive_rates"])
+    assert all(-1.5 < s < -0.7 for s in m["criteo_zipf_slopes"].values())
+    assert m["movielens_rows"] == p["MOVIELENS_RATINGS"] and 0.6 < m["movielens_oracle_auc"] < 0.95
+    assert m["movielens_cardinalities"]["genres"] <= 19
+    assert m["movielens_cardinalities"]["userId"] <= p["MOVIELENS_USERS"] + 1
+    assert (m["sok_rows"], m["sok_slots"], m["sok_nnz"]) == (p["SOK_SAMPLES"], p["SOK_SLOT_NUM"], p["SOK_NNZ_PER_SLOT"])
+    assert m["days_rows"] == p["CRITEO_TSV_ROWS"] and m["days_parts"] == p["CRITEO_TSV_FILES"]
+    assert all(0 < k <= m["days_total_keys"] for k in m["days_keyset_sizes"]) and m["days_bad_lines"] == 0
+
+
+SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
+    "01-synthetic-data-and-parquet": (
+        {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
+         "MOVIELENS_RATINGS": 20_000, "MOVIELENS_USERS": 300, "MOVIELENS_MOVIES": 200, "SOK_SAMPLES": 1_000,
+         "SOK_SLOT_NUM": 10, "SOK_NNZ_PER_SLOT": 4, "SOK_VOCABULARY_SIZE": 1000, "NUM_PARTS": 2,
+         "SCHEDULER": "synchronous", "PROGRESS": False},
+        check_01,
+    ),
+}
+
+
+def test_every_notebook_has_a_smoke_test():
+    names = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
+    assert names, "no notebooks found"
+    missing = [n for n in names if n not in SMOKE]
+    assert not missing, f"notebooks without a smoke entry in tests/test_notebooks.py: {missing}"
+    stale = [n for n in SMOKE if n not in names]
+    assert not stale, f"smoke entries without a notebook: {stale}"
+
+
+def test_notebooks_are_committed_clean():
+    for path in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"):
+        nb = json.loads(path.read_text())
+        code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+        assert not any(c.get("outputs") or c.get("execution_count") for c in code), f"{path.name} has outputs"
+        tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+        assert len(tagged) == 1, f"{path.name} needs exactly one cell tagged 'parameters'"
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_notebook_smoke(name, tmp_path):
+    import papermill as pm
+
+    parameters, check = SMOKE[name]
+    out = tmp_path / "out"
+    params = {**parameters, "DATA_DIR": str(tmp_path / "data"), "OUTPUT_DIR": str(out)}
+    pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"), parameters=params,
+                        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False, log_output=False)
+    metrics = json.loads((out / "metrics.json").read_text())
+    check(metrics, params)
