@@ -1,0 +1,1 @@
+"""One script per claim; run them with ``make bench``. Never part of ``make test``."""
