@@ -71,6 +71,11 @@ def array_module(device: str = "auto") -> ModuleType:
     return cupy if resolve_device(device) == "gpu" else numpy
 
 
+def array_module_of(array: object) -> ModuleType:
+    """CuPy for a CuPy array, NumPy for anything else."""
+    return cupy if cupy is not None and isinstance(array, cupy.ndarray) else numpy
+
+
 def info() -> dict[str, str]:
     """What was found at import, as printable strings."""
     return {
