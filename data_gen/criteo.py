@@ -178,7 +178,7 @@ class CriteoLike:
         ranks, cont, u = self._draw(block_rng(self.seed, 1, block), rows)
         p = 1.0 / (1.0 + np.exp(-self._logit(ranks, cont)))
         out: dict[str, np.ndarray] = {LABEL_NAME: (u < p).astype(np.int8)}
-        out.update({name: cont[j] for j, name in enumerate(CONT_NAMES)})
+        out.update({name: cont[j] for j, name in enumerate(CONT_NAMES)})  # NaN = missing
         out.update({name: perm[ranks[f]] for f, (name, perm) in enumerate(zip(CAT_NAMES, self._perm))})
         out["probability"] = p
         return out
@@ -204,6 +204,8 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
                          seed: int = 0, num_parts: int = 1, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
                          overwrite: bool = False, reuse: bool = False, progress: bool = True) -> Schema:
     """Generate `num_rows` Criteo-like rows straight into a parquet dataset directory.
+
+    Missing continuous values are parquet nulls (read back as NaN by pandas).
 
     ``schema.json`` records the generator parameters, ``oracle_auc`` (AUC of the true click
     probability on these rows) and ``positive_rate``. With ``reuse=True`` an existing dataset made
@@ -232,6 +234,8 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
         for block in model.iter_blocks(num_rows):
             acc.update(block.pop("probability"), block[LABEL_NAME])
             labels += int(block[LABEL_NAME].sum())
+            for name in CONT_NAMES:  # missing values are stored as parquet nulls
+                block[name] = pa.array(block[name], mask=np.isnan(block[name]))
             yield block
 
     writer = DatasetWriter(out_dir, model.schema(), num_parts=num_parts, total_rows=num_rows,

@@ -25,8 +25,8 @@ def to_array(values: Any) -> pa.Array:
         return values
     if hasattr(values, "to_arrow"):  # cudf
         return values.to_arrow()
-    if isinstance(values, np.ndarray) and values.ndim > 1:
-        return dense_to_list(values)
+    if isinstance(values, np.ndarray):  # faithful: NaN stays a value (pass a mask for nulls)
+        return dense_to_list(values) if values.ndim > 1 else pa.array(values)
     if hasattr(values, "dtype") and hasattr(values, "to_numpy") and values.dtype != object:
         try:
             return pa.array(values.to_numpy(), from_pandas=True)
