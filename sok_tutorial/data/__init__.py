@@ -16,6 +16,9 @@ _NAMES = {
     "get_embedding_sizes": "sok_tutorial.data.categorify",
     "to_parquet_dataset": "sok_tutorial.data.convert",
     "convert_files": "sok_tutorial.data.convert",
+    "ParquetLoader": "sok_tutorial.data.loader",
+    "LoaderError": "sok_tutorial.data.loader_base",
+    "HashBucket": "sok_tutorial.data.transforms",
 }
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)
