@@ -29,6 +29,17 @@ def check_01(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert all(0 < k <= m["days_total_keys"] for k in m["days_keyset_sizes"]) and m["days_bad_lines"] == 0
 
 
+def check_02(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["loader_vs_tfrecord_native"] > 3  # the loader beats tf.data even on tiny batches
+    assert m["hashbucket_vs_tfrecord_native"] > 1
+    assert 0.05 < m["loader_vs_raw_decode"] < 2
+    assert m["shards_disjoint"] and m["shards_complete"]
+    assert m["train_steps"] == p["TRAIN_EPOCHS"] * (p["ROWS"] // p["TRAIN_BATCH_SIZE"])
+    assert all(0.3 < loss < 0.75 for loss in m["train_losses"])
+    assert 0.5 < m["train_auc"] <= m["oracle_auc"] + 0.02
+    assert m["ragged_genres_shape"] == [5, None]
+
+
 SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "01-synthetic-data-and-parquet": (
         {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
@@ -36,6 +47,12 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
          "SOK_SLOT_NUM": 10, "SOK_NNZ_PER_SLOT": 4, "SOK_VOCABULARY_SIZE": 1000, "NUM_PARTS": 2,
          "SCHEDULER": "synchronous", "PROGRESS": False},
         check_01,
+    ),
+    "02-parquet-loader": (
+        {"ROWS": 50_000, "CRITEO_SCALE": 0.001, "NATIVE_ROWS": 20_000, "BATCH_SIZE": 4096, "SHUFFLE_BUFFER": 4096,
+         "HASH_BUCKETS": 1000, "TRAIN_BATCH_SIZE": 2048, "TRAIN_EPOCHS": 2, "MOVIELENS_RATINGS": 20_000,
+         "PROGRESS": False},
+        check_02,
     ),
 }
 
