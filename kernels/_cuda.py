@@ -19,7 +19,7 @@ def _module(name: str, device: int, options: tuple[str, ...]) -> Any:
     cupy = backend.cupy
     source = (_HERE / f"{name}.cu").read_text()
     with cupy.cuda.Device(device):
-        return cupy.RawModule(code=source, options=("-std=c++17",) + options)
+        return cupy.RawModule(code=source, options=("-std=c++17", f"-I{_HERE}") + options)
 
 
 def function(name: str, entry: str, options: tuple[str, ...] = ()) -> Any:
@@ -27,7 +27,7 @@ def function(name: str, entry: str, options: tuple[str, ...] = ()) -> Any:
     cupy = backend.cupy
     if cupy is None:
         raise RuntimeError("CUDA kernels need CuPy and a visible GPU (kernels.backend found none)")
-    return _module(name, cupy.cuda.runtime.getDevice(), options).get_function(entry)
+    return _module(name, cupy.cuda.runtime.getDevice(), tuple(options)).get_function(entry)
 
 
 def grid(n: int) -> tuple[int]:

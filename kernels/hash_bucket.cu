@@ -4,19 +4,17 @@
 // (multiply-shift range reduction: no division, identical on CPU and GPU; num_buckets < 2^32).
 // The NumPy twin in hash_bucket.py computes the same bits.
 //
-// Macros injected by the host: none.
+// Includes mix64.cuh (the host passes -I<kernels dir>). Macros injected by the host: none.
 // Launch geometry: 1-D, blockDim.x = 256, gridDim.x = min(ceil(n / 256), 65535), grid-stride loop.
+
+#include "mix64.cuh"
 
 extern "C" __global__ void hash_bucket(const long long* __restrict__ keys, long long* __restrict__ out,
                                        const long long n, const unsigned long long seed,
                                        const unsigned long long num_buckets) {
     const long long stride = (long long)blockDim.x * gridDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        unsigned long long z = ((unsigned long long)keys[i]) ^ seed;
-        z += 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
+        const unsigned long long z = mix64(((unsigned long long)keys[i]) ^ seed);
         out[i] = (long long)(((z >> 32) * num_buckets) >> 32);
     }
 }

@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 
 from kernels import backend, checks
-
-_C1 = np.uint64(0x9E3779B97F4A7C15)
-_C2 = np.uint64(0xBF58476D1CE4E5B9)
-_C3 = np.uint64(0x94D049BB133111EB)
-_BLOCK = 1 << 16  # elements per pass: intermediates stay in cache
+from kernels.hashing import mix64
 
 
 def _check(keys: Any, num_buckets: int, seed: int) -> int:
@@ -39,26 +35,12 @@ def hash_bucket_numpy(keys: np.ndarray, num_buckets: int, seed: int = 0) -> np.n
     keys = np.asarray(keys)
     _check(keys, num_buckets, seed)
     flat = np.ascontiguousarray(keys).reshape(-1).view(np.uint64)
-    out = np.empty(flat.shape, np.uint64)
-    tmp = np.empty(min(_BLOCK, flat.size), np.uint64)
-    s, n = np.uint64(seed), np.uint64(num_buckets)
+    z = mix64(flat ^ np.uint64(seed))
     with np.errstate(over="ignore"):
-        for lo in range(0, flat.size, _BLOCK):
-            z, t = out[lo:lo + _BLOCK], tmp[: min(_BLOCK, flat.size - lo)]
-            np.bitwise_xor(flat[lo:lo + _BLOCK], s, out=z)
-            z += _C1
-            np.right_shift(z, np.uint64(30), out=t)
-            z ^= t
-            z *= _C2
-            np.right_shift(z, np.uint64(27), out=t)
-            z ^= t
-            z *= _C3
-            np.right_shift(z, np.uint64(31), out=t)
-            z ^= t
-            z >>= np.uint64(32)
-            z *= n
-            z >>= np.uint64(32)
-    return out.view(np.int64).reshape(keys.shape)
+        z >>= np.uint64(32)
+        z *= np.uint64(num_buckets)
+        z >>= np.uint64(32)
+    return z.view(np.int64).reshape(keys.shape)
 
 
 def hash_bucket_cuda(keys: Any, num_buckets: int, seed: int = 0) -> Any:
