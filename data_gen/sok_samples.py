@@ -130,8 +130,10 @@ def write_random_samples(out_dir: str | Path, num_samples: int, vocabulary_size:
                          max_nnz: int, *, use_sparse_mask: bool = False, seed: int = 0, num_parts: int = 1,
                          row_group_size: int = DEFAULT_ROW_GROUP_SIZE, overwrite: bool = False,
                          reuse: bool = False, progress: bool = True) -> Schema:
-    """Write the samples as a parquet dataset: column ``feature`` (``list<list<int64>>``,
-    ``[slot][key]``) and ``label``, split into ``num_parts`` parts (one per worker).
+    """Write the samples as a parquet dataset: column ``feature`` and ``label``, split into
+    ``num_parts`` parts (one per worker). ``feature`` holds ``[slot][key]`` lists
+    (``list<list<int64>>``) with a sparse mask; without one every slot has ``max_nnz`` keys and
+    the column is stored flat, ``slot_num * max_nnz`` keys per row (schema ``nnz``).
 
     ``reuse=True`` returns an existing dataset made with the same parameters untouched.
     """
@@ -142,7 +144,8 @@ def write_random_samples(out_dir: str | Path, num_samples: int, vocabulary_size:
     if reuse and (schema := reusable(out_dir, generator)) is not None:
         return schema
     schema = Schema([ColumnSchema(FEATURE_NAME, "list", "int64", cardinality=model.vocabulary_size,
-                                  max_nnz=model.max_nnz, slots=model.slot_num),
+                                  max_nnz=model.max_nnz, slots=model.slot_num,
+                                  nnz=None if model.use_sparse_mask else model.max_nnz),  # fixed nnz: flat
                      ColumnSchema(LABEL_NAME, "label", "int8")])
     acc = AucAccumulator()
 
@@ -150,7 +153,7 @@ def write_random_samples(out_dir: str | Path, num_samples: int, vocabulary_size:
         for index, rows in blocks(num_samples, SOK_BLOCK_ROWS):
             keys, labels, p = model.sample(rows, index)
             acc.update(p, labels)
-            feature = keys.to_arrow() if isinstance(keys, RaggedKeys) else keys
+            feature = keys.to_arrow() if isinstance(keys, RaggedKeys) else keys.reshape(len(keys), -1)
             yield {FEATURE_NAME: feature, LABEL_NAME: labels}
 
     with DatasetWriter(out_dir, schema, num_parts=num_parts, total_rows=num_samples,

@@ -145,10 +145,20 @@ def _offsets(array: pa.Array) -> np.ndarray:
     return offsets - offsets[0]
 
 
-def from_arrow_list(array: pa.Array, slots: int | None) -> Ragged:
-    """A ``list<int>`` or ``list<list<int>>`` Arrow column as host `Ragged` (nulls -> empty)."""
+def from_arrow_list(array: pa.Array, slots: int | None, nnz: int | None = None) -> Ragged:
+    """A ``list<int>`` or ``list<list<int>>`` Arrow column as host `Ragged` (nulls -> empty).
+
+    With `nnz` the column is a flat ``list<int>`` of ``slots * nnz`` values per row."""
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
+    if nnz:
+        width = slots * nnz
+        lengths = pc.min_max(pc.list_value_length(array).fill_null(0))
+        if len(array) and (lengths["min"].as_py() != width or lengths["max"].as_py() != width):
+            raise ValueError(f"rows hold between {lengths['min'].as_py()} and {lengths['max'].as_py()} keys, "
+                             f"expected slots x nnz = {width}")
+        values = pc.list_flatten(array).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return Ragged(values, np.arange(0, len(values) + 1, nnz, dtype=np.int64), slots)
     if slots:
         lengths = pc.list_value_length(array).fill_null(0)
         bounds = pc.min_max(lengths)

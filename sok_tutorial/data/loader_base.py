@@ -106,6 +106,7 @@ class LoaderCore:
         self.files = resolve_files(paths_or_dataset)
         self._open_files()
         self.schema = self._dataset_schema()
+        self.nnz = {n: (self.schema[n].nnz if self.schema and n in self.schema else None) for n in self.list_names}
         self.slots = {n: self._slots(n) for n in self.list_names}
         self.max_nnz = self._max_nnz(max_nnz or {})
         self.buffer_rows = self._buffer_rows(buffer_size)
@@ -158,6 +159,8 @@ class LoaderCore:
 
     def _slots(self, name: str) -> int | None:
         """Inner lists per row of a ``list<list<>>`` column (from schema.json, else the first row)."""
+        if self.nnz[name]:
+            return self.schema[name].slots
         if _kind_of(self._pf[0].schema_arrow.field(name).type) != "list2":
             return None
         if self.schema is not None and name in self.schema and self.schema[name].slots:
@@ -170,7 +173,7 @@ class LoaderCore:
         for name in self.list_names:
             limit = declared.get(name)
             if limit is None and self.schema is not None and name in self.schema:
-                limit = self.schema[name].max_nnz
+                limit = self.schema[name].nnz or self.schema[name].max_nnz
             if limit is None:
                 limit = self._measure_max_nnz(name)
             out[name] = checks.positive_int(f"max_nnz[{name!r}]", limit)
@@ -281,7 +284,7 @@ class LoaderCore:
             column = table.column(name)
             if name in self.list_names:
                 try:
-                    col = cols.from_arrow_list(column, self.slots[name])
+                    col = cols.from_arrow_list(column, self.slots[name], self.nnz[name])
                 except ValueError as exc:
                     raise LoaderError(f"column {name!r} of {str(path)!r}: {exc}") from exc
                 out[name] = self._check_nnz(col, name, path)
@@ -303,7 +306,11 @@ class LoaderCore:
         for name in self.names:
             series = df[name]
             if name in self.list_names:
-                slots = self.slots[name]
+                slots, nnz = self.slots[name], self.nnz[name]
+                if nnz:  # stored flat: slots * nnz keys per row
+                    values = series.list.leaves.values.astype(cupy.int64)
+                    out[name] = cols.Ragged(values, cupy.arange(0, len(values) + 1, nnz, dtype=cupy.int64), slots)
+                    continue
                 inner = series.explode() if slots else series  # one row per inner list
                 lengths = inner.list.len().fillna(0).values.astype(cupy.int64)
                 values = inner.list.leaves.values.astype(cupy.int64)

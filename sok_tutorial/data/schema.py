@@ -9,7 +9,10 @@ A dataset directory holds::
 
 Every column has a kind: ``categorical`` (one int64 id per row), ``continuous`` (a float),
 ``label`` or ``list`` (a multi-hot int64 column, ragged: ``list<int64>``, or ``list<list<int64>>``
-with a fixed number of ``slots`` per row as in SOK's ``[batch, slot, nnz]`` samples).
+with a fixed number of ``slots`` per row as in SOK's ``[batch, slot, nnz]`` samples). When every
+slot holds the same number of keys (``nnz``), the column is stored flat, ``slots * nnz`` values
+per row (it decodes several times faster than nested lists), and read back as
+``[batch, slot, nnz]``.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class ColumnSchema:
         cardinality: ids lie in ``[0, cardinality)`` when known (after categorify or hashing).
         max_nnz: longest list in the column (``list`` only); the writer measures it.
         slots: fixed number of inner lists per row for ``list<list<int64>>`` columns.
+        nnz: with ``slots``, a fixed number of keys per slot: stored flat as ``list<int64>``.
         key_offset: start of this column's ids in the dataset's global key space (keysets).
     """
 
@@ -52,18 +56,21 @@ class ColumnSchema:
     cardinality: int | None = None
     max_nnz: int | None = None
     slots: int | None = None
+    nnz: int | None = None
     key_offset: int | None = None
 
     def __post_init__(self) -> None:
         checks.one_of(f"kind of column {self.name!r}", self.kind, KINDS)
         if self.cardinality is not None:
             checks.positive_int(f"cardinality of column {self.name!r}", self.cardinality)
+        if self.nnz is not None and not self.slots:
+            raise ValueError(f"column {self.name!r}: nnz={self.nnz} needs slots (keys per slot of slotted lists)")
 
     def arrow_type(self) -> pa.DataType:
         value = pa.from_numpy_dtype(self.dtype)
         if self.kind != "list":
             return value
-        return pa.list_(pa.list_(value)) if self.slots else pa.list_(value)
+        return pa.list_(pa.list_(value)) if self.slots and not self.nnz else pa.list_(value)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -84,7 +84,11 @@ class PartWriter:
             values = group.column(column.name)
             stats = self.observed.setdefault(column.name, {})
             if column.kind == "list":
-                if column.slots is not None:
+                if column.nnz is not None:  # flat: slots * nnz values per row
+                    lengths = pc.min_max(pc.list_value_length(values))
+                    _merge(stats, "min_flat", lengths["min"].as_py(), min)
+                    _merge(stats, "max_flat", lengths["max"].as_py(), max)
+                elif column.slots is not None:
                     outer = pc.min_max(pc.list_value_length(values))
                     _merge(stats, "min_slots", outer["min"].as_py(), min)
                     _merge(stats, "max_slots", outer["max"].as_py(), max)
@@ -137,6 +141,13 @@ def finalize_schema(schema: Schema, parts: Sequence[dict[str, Any]],
                     f"column {column.name!r}: ids span [{stats['min_id']}, {stats['max_id']}] but "
                     f"cardinality={column.cardinality} declares [0, {column.cardinality})")
         updates: dict[str, Any] = {}
+        if column.kind == "list" and stats and column.nnz is not None:
+            width = column.slots * column.nnz
+            if stats["min_flat"] != width or stats["max_flat"] != width:
+                raise ValueError(f"column {column.name!r}: rows hold between {stats['min_flat']} and "
+                                 f"{stats['max_flat']} keys; slots={column.slots} x nnz={column.nnz} needs {width}")
+            columns.append(ColumnSchema(**{**column.to_dict(), "max_nnz": column.nnz}))
+            continue
         if column.kind == "list" and stats:
             if column.max_nnz is not None and stats["max_nnz"] > column.max_nnz:
                 raise ValueError(f"column {column.name!r}: a list has {stats['max_nnz']} entries, "

@@ -114,6 +114,23 @@ def test_ragged_and_slotted_lists_are_exact(dataset):
             assert got == slots[row]
 
 
+def test_fixed_nnz_columns_are_stored_flat_and_read_as_slots(tmp_path):
+    keys = np.arange(6 * 3 * 2).reshape(6, 3, 2)
+    schema = Schema([ColumnSchema("f", "list", "int64", slots=3, nnz=2), ColumnSchema("y", "label", "int8")])
+    with DatasetWriter(tmp_path / "ds", schema) as w:
+        w.write({"f": keys.reshape(6, 6), "y": np.zeros(6)})
+    assert pq.read_schema(tmp_path / "ds" / "part-00000.parquet").field("f").type == pa.list_(pa.int64())
+    dense = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], sparse_as_dense=True, shuffle=False)
+                 .iterate(lambda b: b, prefetch=1))["f"]
+    np.testing.assert_array_equal(dense, keys)
+    rag = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], shuffle=True, seed=1)
+               .iterate(lambda b: b, prefetch=1))["f"]
+    assert rag.slots == 3 and rag.offsets.tolist() == list(range(0, 37, 2))
+    with pytest.raises(ValueError, match="slots=3 x nnz=2 needs 6"):
+        with DatasetWriter(tmp_path / "bad", schema) as w:
+            w.write({"f": pa.array([[1, 2, 3]] * 6), "y": np.zeros(6)})
+
+
 def test_sparse_as_dense_pads_with_zero(dataset):
     ref = _table(dataset)
     core = _core(dataset, list_names=["tags", "slots"], sparse_as_dense=True, shuffle=False, batch_size=50)

@@ -49,9 +49,10 @@ def test_parquet_parts_hold_the_same_samples(tmp_path, mask):
     schema = write_random_samples(tmp_path / "ds", 5000, 2000, 20, 5, use_sparse_mask=mask, seed=4,
                                   num_parts=4, progress=False)
     assert len(schema.parts) == 4 and schema["feature"].slots == 20 and schema["feature"].max_nnz == 5
+    assert schema["feature"].nnz == (None if mask else 5)  # fixed nnz is stored flat
     tables = [pq.read_table(f) for f in resolve_files(tmp_path / "ds")]
     back = [row for t in tables for row in t["feature"].to_pylist()]
-    expected = keys.to_arrow().to_pylist() if mask else keys.tolist()
+    expected = keys.to_arrow().to_pylist() if mask else keys.reshape(len(keys), -1).tolist()
     assert back == expected
     np.testing.assert_array_equal(np.concatenate([t["label"].to_numpy() for t in tables]), labels)
 
