@@ -7,6 +7,20 @@ from sok_tutorial._lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
-_NAMES: dict[str, str] = {}
+_NAMES: dict[str, str] = {
+    "DistributedEmbedding": "sok_tutorial.embedding",
+    "All2AllDenseEmbedding": "sok_tutorial.embedding",
+    "DynamicVocabulary": "sok_tutorial.embedding",
+    "split_embedding_variable_from_others": "sok_tutorial.embedding",
+    "OptimizerScope": "sok_tutorial.embedding",
+    "group_embedding_lookup_sparse": "sok_tutorial.embedding",
+    "Init": "sok_tutorial.distribute",
+    "replica_devices": "sok_tutorial.distribute",
+    "SOKDenseDemo": "sok_tutorial.models",
+    "optimizers": "sok_tutorial.optimizers",
+    "models": "sok_tutorial.models",
+    "embedding": "sok_tutorial.embedding",
+    "data": "sok_tutorial.data",
+}
 __all__ = ["__version__", *sorted(_NAMES)]
 __getattr__ = lazy_getattr(__name__, _NAMES)

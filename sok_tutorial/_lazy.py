@@ -13,6 +13,6 @@ def lazy_getattr(package: str, names: dict[str, str]) -> Callable[[str], Any]:
         if attr not in names:
             raise AttributeError(f"module {package!r} has no attribute {attr!r}")
         module = importlib.import_module(names[attr])
-        return getattr(module, attr)
+        return module if names[attr] == f"{package}.{attr}" else getattr(module, attr)
 
     return __getattr__

@@ -9,6 +9,39 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+LOGICAL_CPUS = 4
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Split the CPU into logical devices before TensorFlow starts, so MirroredStrategy tests can
+    run 1, 2 or 4 replicas in one process (as CI has no GPU). Costs nothing where TF is absent."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * LOGICAL_CPUS)
+
+
+_STRATEGIES: dict = {}
+
+
+@pytest.fixture
+def strategy_of():
+    """strategy_of(n): the MirroredStrategy over n logical CPU devices, one per n for the whole
+    session (separate instances in one process can collide on collective-op keys)."""
+    import tensorflow as tf
+
+    def make(n: int) -> "tf.distribute.Strategy":
+        if n not in _STRATEGIES:
+            devices = [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
+            assert len(devices) == n, f"need {n} logical CPU devices, have {len(devices)}"
+            _STRATEGIES[n] = tf.distribute.MirroredStrategy(devices)
+        return _STRATEGIES[n]
+
+    return make
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from kernels import backend
 

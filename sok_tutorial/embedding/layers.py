@@ -1,0 +1,281 @@
+"""Keras 3 layers with SOK's API: `DistributedEmbedding` (sparse keys, combined per slot) and
+`All2AllDenseEmbedding` (dense ``[batch, slot, nnz]`` keys, one vector per key).
+
+The table is an ordinary trainable variable (``embedding_variable``), so the layers work in
+``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``; its gradient is a
+``tf.IndexedSlices`` over the rows a step used (see `sok_tutorial.optimizers`).
+
+``use_hashtable=True`` (SOK's default): any int64 key is welcome; a `DynamicVocabulary` gives it a
+row on first sight and the row starts from the key's own initial vector. ``use_hashtable=False``:
+keys are row ids in ``[0, max_vocabulary_size_per_gpu)`` and any other key is an error, never a
+silent wrong row. Either way initial values are drawn per key (see `keyed_initial_values`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kernels import checks
+from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
+from sok_tutorial.embedding.vocabulary import DynamicVocabulary, InitSpec, init_spec, keyed_initial_values
+
+_INIT_CHUNK = 1 << 20  # rows initialised per pass (bounds the temporary memory of huge tables)
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class KeyedInitializer(keras.initializers.Initializer):
+    """Row ``r`` of a ``[rows, dim]`` table gets ``keyed_initial_values([r])``; zeros with ``dynamic``
+    (rows of a dynamic vocabulary are written when their key arrives)."""
+
+    def __init__(self, kind: str = "uniform", a: float = -0.05, b: float = 0.05, seed: int = 0,
+                 dynamic: bool = False):
+        self.spec = InitSpec(kind, a, b, seed)
+        self.dynamic = dynamic
+
+    def __call__(self, shape: Any, dtype: Any = None) -> Any:
+        rows, dim = int(shape[0]), int(shape[1])
+        if self.dynamic:
+            return tf.zeros([rows, dim], dtype or "float32")
+        values = np.empty((rows, dim), np.float32)
+        for lo in range(0, rows, _INIT_CHUNK):
+            hi = min(rows, lo + _INIT_CHUNK)
+            values[lo:hi] = keyed_initial_values(np.arange(lo, hi, dtype=np.int64), dim, self.spec)
+        return tf.constant(values, dtype=dtype or "float32")
+
+    def get_config(self) -> dict[str, Any]:
+        return {"kind": self.spec.kind, "a": self.spec.a, "b": self.spec.b, "seed": self.spec.seed,
+                "dynamic": self.dynamic}
+
+
+def is_embedding_variable(variable: Any) -> bool:
+    return bool(getattr(variable, "_sok_embedding", False))
+
+
+def _components(variable: Any) -> list[Any]:
+    """The per-device tf.Variables behind a (possibly mirrored) Keras variable."""
+    value = getattr(variable, "value", variable)
+    return list(getattr(value, "values", None) or [value])
+
+
+class _EmbeddingBase(keras.layers.Layer):
+    def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, *, use_hashtable: bool = True,
+                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform", **kwargs: Any):
+        super().__init__(**kwargs)
+        self.max_vocabulary_size_per_gpu = checks.positive_int("max_vocabulary_size_per_gpu",
+                                                               max_vocabulary_size_per_gpu)
+        self.embedding_vec_size = checks.positive_int("embedding_vec_size", embedding_vec_size)
+        self.use_hashtable = bool(use_hashtable)
+        self.key_dtype = tf.as_dtype(key_dtype).name
+        checks.one_of("key_dtype", self.key_dtype, ("int64", "int32"))
+        self.init = init_spec(embedding_initializer)
+        self.vocabulary = (DynamicVocabulary(self.max_vocabulary_size_per_gpu, name=self.name)
+                           if self.use_hashtable else None)
+
+    def build(self, input_shape: Any = None) -> None:
+        self.embedding_variable = self.add_weight(
+            name="embedding_variable", shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
+            initializer=KeyedInitializer(**dataclasses.asdict(self.init), dynamic=self.use_hashtable), trainable=True)
+        self.embedding_variable._sok_embedding = True
+        super().build(input_shape)
+
+    # ------------------------------------------------------------------ keys -> rows
+    def _check_keys(self, keys: Any) -> tf.Tensor:
+        dtype = keys.dtype if hasattr(keys, "dtype") else None
+        if dtype is None or not dtype.is_integer:
+            raise TypeError(f"{self.name}: keys must be integers ({self.key_dtype}), got {dtype}")
+        return tf.cast(keys, tf.int64)
+
+    def _rows(self, flat_keys: tf.Tensor, training: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """(rows for the gather, mask of keys that have a row or None if all do)."""
+        if not self.use_hashtable:
+            rows = self.max_vocabulary_size_per_gpu
+            tf.debugging.assert_non_negative(flat_keys, message=f"{self.name}: negative key with use_hashtable=False")
+            tf.debugging.assert_less(flat_keys, tf.constant(rows, tf.int64),
+                                     message=f"{self.name}: key out of range [0, {rows}) with use_hashtable=False "
+                                             "(max_vocabulary_size_per_gpu)")
+            return flat_keys, None
+        if training is False:  # inference: never grow the vocabulary; unseen keys embed to zeros
+            rows = tf.py_function(lambda k: self.vocabulary.lookup(k.numpy()), [flat_keys], tf.int64)
+            rows.set_shape(flat_keys.shape)
+            return tf.maximum(rows, 0), rows >= 0
+        rows = tf.py_function(self._lookup_or_insert, [flat_keys], tf.int64)
+        rows.set_shape(flat_keys.shape)
+        return rows, None
+
+    def _lookup_or_insert(self, keys: tf.Tensor) -> np.ndarray:
+        """Runs eagerly (tf.py_function), possibly from several replicas at once: new rows get
+        their keys' initial vectors in every copy of the table before any replica reads them."""
+        with self.vocabulary.lock:
+            rows, fresh_rows, fresh_keys = self.vocabulary.lookup_or_insert(keys.numpy())
+            if len(fresh_rows):
+                values = keyed_initial_values(fresh_keys, self.embedding_vec_size, self.init)
+                update = tf.IndexedSlices(tf.constant(values), tf.constant(fresh_rows))
+                for component in _components(self.embedding_variable):
+                    component.scatter_update(update)
+        return rows
+
+    def _vectors(self, flat_keys: tf.Tensor, training: Any) -> tf.Tensor:
+        rows, found = self._rows(flat_keys, training)
+        # The read of the table must follow the py_function that initialises new rows. Gather from
+        # the tf.Variable (a resource gather, not a snapshot of the whole table), created under an
+        # explicit dependency: a distributed variable's read would otherwise be free to run first.
+        # Distinct rows first: the gather, the gradient and the optimizer then touch each row once
+        # (CTR keys repeat a lot within a batch).
+        distinct, position = tf.unique(rows, out_idx=tf.int64)
+        with tf.control_dependencies([rows]):
+            vectors = tf.gather(tf.gather(self.embedding_variable.value, distinct), position)
+        if found is not None:
+            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
+        return vectors
+
+    # ----------------------------------------------------------- saving and config
+    def save_own_variables(self, store: Any) -> None:
+        store["0"] = self.embedding_variable.numpy()
+        if self.vocabulary is not None:
+            keys, rows = self.vocabulary.export()
+            store["vocabulary_keys"], store["vocabulary_rows"] = keys, rows
+
+    def load_own_variables(self, store: Any) -> None:
+        self.embedding_variable.assign(np.asarray(store["0"]))
+        if self.vocabulary is not None:
+            self.vocabulary.restore(np.asarray(store["vocabulary_keys"]), np.asarray(store["vocabulary_rows"]))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,
+                "embedding_vec_size": self.embedding_vec_size, "use_hashtable": self.use_hashtable,
+                "key_dtype": self.key_dtype,
+                "embedding_initializer": {"class_name": "KeyedInitializer",
+                                          "config": KeyedInitializer(**dataclasses.asdict(self.init)).get_config()}}
+
+
+def _spec_from_config(value: Any) -> Any:
+    """Accept the dict `get_config` writes back as an initializer."""
+    if isinstance(value, dict) and value.get("class_name") == "KeyedInitializer":
+        c = value["config"]
+        return InitSpec(c["kind"], c["a"], c["b"], c["seed"])
+    return value
+
+
+def _dense_bags(keys: tf.Tensor, slot_num: int, layer: str) -> tf.RaggedTensor:
+    """Dense keys ``[batch, slot]`` (one key per slot) or ``[batch, slot, nnz]`` (nnz keys in every
+    slot) as ragged bags. Dense batches split across replicas where ragged ones cannot (Keras'
+    ``fit`` under a tf.distribute strategy needs dense inputs)."""
+    if keys.shape.rank == 2:
+        keys = keys[:, :, None]
+    if keys.shape.rank != 3:
+        raise ValueError(f"{layer}: dense keys must be [batch, slot_num] or [batch, slot_num, nnz], "
+                         f"got shape {keys.shape}")
+    return tf.RaggedTensor.from_tensor(keys, ragged_rank=2)
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class DistributedEmbedding(_EmbeddingBase):
+    """Sparse keys ``[batch, slot_num, <= max_nnz]`` -> one combined vector per slot ``[batch, slot_num, dim]``.
+
+    Keys come as a ``tf.RaggedTensor`` ``[batch, slot_num, None]``, a ``tf.SparseTensor`` (SOK's
+    layout), or a dense tensor ``[batch, slot_num]`` / ``[batch, slot_num, nnz]`` when every slot
+    holds the same number of keys. Functional Keras models pass ragged inputs on densified, so
+    declare ``keras.Input([slot_num, None], sparse=True)`` there, or subclass ``keras.Model``;
+    ``model.fit`` under a tf.distribute strategy accepts dense keys only (a Keras limitation), so
+    variable-length keys under a strategy train in a custom loop with ``strategy.run``.
+
+    Args:
+        combiner: ``"sum"`` or ``"mean"`` over the keys of a slot (an empty slot gives zeros).
+        max_vocabulary_size_per_gpu: rows of the table (per replica, once tables are sharded).
+        embedding_vec_size: width of a vector, any ``>= 1``.
+        slot_num: feature fields per sample.
+        max_nnz: most keys in one slot; more is an error.
+        max_feature_num: most keys in one sample (default ``slot_num * max_nnz``); more is an error.
+        use_hashtable: dynamic vocabulary (any int64 key) or row ids.
+        key_dtype: ``int64`` or ``int32``.
+        embedding_initializer: a Keras initializer (uniform, normal, truncated normal, constant).
+
+    Example:
+        >>> layer = DistributedEmbedding("sum", 100, 4, slot_num=2, max_nnz=3)
+        >>> keys = tf.ragged.constant([[[10, 2**40], []], [[10], [7, 7, 7]]], dtype=tf.int64, ragged_rank=2)
+        >>> layer(keys).shape
+        TensorShape([2, 2, 4])
+    """
+
+    def __init__(self, combiner: str, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int,
+                 max_nnz: int, max_feature_num: int | None = None, use_hashtable: bool = True,
+                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform", **kwargs: Any):
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=use_hashtable,
+                         key_dtype=key_dtype, embedding_initializer=_spec_from_config(embedding_initializer), **kwargs)
+        self.combiner = checks.one_of("combiner", combiner, COMBINERS)
+        self.slot_num = checks.positive_int("slot_num", slot_num)
+        self.max_nnz = checks.positive_int("max_nnz", max_nnz)
+        self.max_feature_num = (slot_num * max_nnz if max_feature_num is None
+                                else checks.positive_int("max_feature_num", max_feature_num))
+
+    def call(self, inputs: Any, training: Any = None) -> tf.Tensor:
+        if not isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
+            inputs = _dense_bags(tf.convert_to_tensor(inputs), self.slot_num, self.name)
+        flat, segments, num_bags = flatten_bags(inputs, self.slot_num, max_nnz=self.max_nnz, layer=self.name)
+        flat = self._check_keys(flat)
+        batch = num_bags // self.slot_num
+        per_sample = tf.math.bincount(tf.cast(segments // self.slot_num, tf.int32), minlength=tf.cast(batch, tf.int32))
+        tf.debugging.assert_less_equal(tf.reduce_max(tf.concat([per_sample, [0]], 0)), self.max_feature_num,
+                                       message=f"{self.name}: a sample holds more keys than "
+                                               f"max_feature_num={self.max_feature_num}")
+        bags = combine(self._vectors(flat, training), segments, num_bags, self.combiner)
+        return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (input_shape[0], self.slot_num, self.embedding_vec_size)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "combiner": self.combiner, "slot_num": self.slot_num,
+                "max_nnz": self.max_nnz, "max_feature_num": self.max_feature_num}
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class All2AllDenseEmbedding(_EmbeddingBase):
+    """Dense keys ``[batch, slot_num, nnz_per_slot]`` -> one vector per key ``[batch, slot_num, nnz_per_slot, dim]``.
+
+    With ``dynamic_input=True`` keys may have any shape (say the 1-D output of ``tf.unique``)
+    and the output is ``keys.shape + [dim]``.
+
+    Example:
+        >>> layer = All2AllDenseEmbedding(1000, 8, slot_num=3, nnz_per_slot=2, use_hashtable=False)
+        >>> layer(tf.constant([[[1, 2], [3, 4], [5, 6]]], dtype=tf.int64)).shape
+        TensorShape([1, 3, 2, 8])
+    """
+
+    def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int, nnz_per_slot: int,
+                 dynamic_input: bool = False, use_hashtable: bool = True, key_dtype: Any = "int64",
+                 embedding_initializer: Any = "random_uniform", **kwargs: Any):
+        super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=use_hashtable,
+                         key_dtype=key_dtype, embedding_initializer=_spec_from_config(embedding_initializer), **kwargs)
+        self.slot_num = checks.positive_int("slot_num", slot_num)
+        self.nnz_per_slot = checks.positive_int("nnz_per_slot", nnz_per_slot)
+        self.dynamic_input = bool(dynamic_input)
+
+    def call(self, inputs: Any, training: Any = None) -> tf.Tensor:
+        if isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(f"{self.name}: All2AllDenseEmbedding takes dense keys [batch, slot_num, nnz_per_slot]; "
+                            "read lists with sparse_as_dense=True, or use DistributedEmbedding for ragged keys")
+        keys = self._check_keys(tf.convert_to_tensor(inputs))
+        if not self.dynamic_input:
+            if keys.shape.rank is not None and keys.shape.rank != 3:
+                raise ValueError(f"{self.name}: keys must be [batch, slot_num, nnz_per_slot], got rank "
+                                 f"{keys.shape.rank} (dynamic_input=True takes any shape)")
+            expected = [self.slot_num, self.nnz_per_slot]
+            if keys.shape[1:].is_fully_defined() and keys.shape[1:].as_list() != expected:
+                raise ValueError(f"{self.name}: keys have shape {keys.shape.as_list()}, expected "
+                                 f"[batch, {expected[0]}, {expected[1]}] (slot_num, nnz_per_slot)")
+        flat = tf.reshape(keys, [-1])
+        vectors = self._vectors(flat, training)
+        shape = tf.concat([tf.shape(keys, out_type=tf.int64), [self.embedding_vec_size]], 0)
+        return tf.cast(tf.reshape(vectors, shape), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (*input_shape, self.embedding_vec_size)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "slot_num": self.slot_num, "nnz_per_slot": self.nnz_per_slot,
+                "dynamic_input": self.dynamic_input}

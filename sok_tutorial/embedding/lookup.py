@@ -1,0 +1,140 @@
+"""The TensorFlow math of embedding lookups: a gather plus a segment reduction.
+
+Keys of a batch arrive ragged (``[batch, slot, None]``) or sparse; they are flattened to one key
+per entry with the index of the bag (``batch * slot_num + slot``) it belongs to::
+
+    keys    (ragged)   [[[3, 7], []], [[7]]]          2 rows, 2 slots
+    flat keys          [3, 7, 7]
+    segment ids        [0, 0, 2]                       bag 1 (row 0, slot 1) is empty
+    output  (sum)      [[e3 + e7, 0], [e7, 0]]         [batch, slot, dim]
+
+The gather's gradient is a ``tf.IndexedSlices`` over the rows used, so sparse optimizers update
+only those rows.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from kernels import checks
+
+COMBINERS = ("sum", "mean")
+
+
+def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
+                 layer: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(flat keys [n], bag ids [n], number of bags = batch * slot_num) of ragged/sparse keys.
+
+    Accepts a ``tf.RaggedTensor`` ``[batch, slot_num, None]``, a ``tf.SparseTensor`` of dense
+    shape ``[batch, slot_num, max_nnz]``, or SOK's 2-D layout ``[batch * slot_num, max_nnz]``.
+    Bags longer than `max_nnz` are an error.
+    """
+    if isinstance(keys, tf.RaggedTensor):
+        if keys.ragged_rank != 2 and not (keys.ragged_rank == 1 and keys.shape.rank == 3):
+            raise ValueError(f"{layer}: ragged keys must be [batch, slot_num={slot_num}, None], "
+                             f"got ragged_rank={keys.ragged_rank}, shape={keys.shape}")
+        if keys.ragged_rank == 1:  # [batch, (slots), nnz] with a fixed nnz: make the inner lists ragged
+            keys = tf.RaggedTensor.from_tensor(keys.to_tensor(), ragged_rank=2)
+        slots = keys.row_lengths()
+        tf.debugging.assert_equal(slots, tf.cast(slot_num, slots.dtype),
+                                  message=f"{layer}: every row needs slot_num={slot_num} slots")
+        bags = keys.values
+        lengths, flat = bags.row_lengths(), bags.values
+        segments, num_bags = bags.value_rowids(), bags.nrows()
+    elif isinstance(keys, tf.SparseTensor):
+        if keys.shape.rank not in (2, 3):
+            raise ValueError(f"{layer}: sparse keys must have dense shape [batch, slot_num, max_nnz] or "
+                             f"[batch * slot_num, max_nnz], got rank {keys.shape.rank}")
+        index = keys.indices
+        if keys.shape.rank == 3:
+            segments = index[:, 0] * slot_num + index[:, 1]
+            num_bags = keys.dense_shape[0] * slot_num
+        else:
+            segments, num_bags = index[:, 0], keys.dense_shape[0]
+            tf.debugging.assert_equal(num_bags % slot_num, tf.constant(0, num_bags.dtype),
+                                      message=f"{layer}: sparse keys of shape [batch * slot_num, max_nnz] need a "
+                                              f"first dimension divisible by slot_num={slot_num}")
+        flat = keys.values
+        lengths = tf.math.bincount(tf.cast(segments, tf.int32), minlength=tf.cast(num_bags, tf.int32),
+                                   dtype=tf.int64)
+    else:
+        raise TypeError(f"{layer}: keys must be a tf.RaggedTensor [batch, slot_num, None] or a tf.SparseTensor, "
+                        f"got {type(keys).__name__}; dense [batch, slot, nnz] keys go to All2AllDenseEmbedding")
+    if max_nnz is not None:
+        tf.debugging.assert_less_equal(tf.reduce_max(tf.concat([lengths, [0]], 0)), tf.cast(max_nnz, lengths.dtype),
+                                       message=f"{layer}: a slot holds more keys than max_nnz={max_nnz}")
+    return flat, tf.cast(segments, tf.int64), tf.cast(num_bags, tf.int64)
+
+
+def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str) -> tf.Tensor:
+    """Sum or mean of the vectors of each bag, ``[num_bags, dim]``; an empty bag gives zeros."""
+    sums = tf.math.unsorted_segment_sum(vectors, segments, num_bags)
+    if combiner == "sum":
+        return sums
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(segments, vectors.dtype), segments, num_bags)
+    return sums / tf.maximum(counts, 1)[:, None]
+
+
+def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(values, row of each value, rows) of a [batch, None] SparseTensor or RaggedTensor."""
+    if isinstance(ids, tf.SparseTensor):
+        return ids.values, ids.indices[:, 0], ids.dense_shape[0]
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.flat_values, ids.value_rowids(), ids.nrows()
+    raise TypeError(f"{name} must be a tf.SparseTensor or tf.RaggedTensor [batch, None], got {type(ids).__name__}")
+
+
+def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], combiners: Sequence[str],
+                                  partition_strategy: str = "mod", sp_weights: Any = None, name: str | None = None,
+                                  fused: bool = False) -> list[tf.Tensor]:
+    """DeepRec's grouped lookup: ``[combine(params[i][sp_ids[i]]) for i]`` in one call.
+
+    Args:
+        params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors).
+        sp_ids: row ids per table, ``tf.SparseTensor`` or ``tf.RaggedTensor`` ``[batch, None]``.
+        combiners: ``"sum"`` or ``"mean"`` per table.
+        fused: reduce all tables of the same width with one segment sum. Off by default: on CPU,
+            one segment sum per table trains about twice as fast (26 tables of dim 16, batch 8192:
+            ``benchmarks/embedding.py``, group_lookup_loop vs group_lookup_fused), the concatenation
+            costing more than the ops it saves.
+
+    Returns:
+        A ``[batch, dim_i]`` tensor per table.
+
+    Example:
+        >>> table = tf.reshape(tf.range(6, dtype=tf.float32), [3, 2])
+        >>> ids = tf.ragged.constant([[0, 2], [1]], dtype=tf.int64)
+        >>> [t.numpy().tolist() for t in group_embedding_lookup_sparse([table], [ids], ["sum"])]
+        [[[4.0, 6.0], [2.0, 3.0]]]
+    """
+    if sp_weights is not None:
+        raise NotImplementedError("group_embedding_lookup_sparse: sp_weights are not supported (as in DeepRec)")
+    checks.one_of("partition_strategy", partition_strategy, ("mod",))
+    if not (len(params) == len(sp_ids) == len(combiners)):
+        raise ValueError(f"params, sp_ids and combiners differ in length: {len(params)}, {len(sp_ids)}, "
+                         f"{len(combiners)}")
+    for i, c in enumerate(combiners):
+        checks.one_of(f"combiners[{i}]", c, COMBINERS)
+    with tf.name_scope(name or "group_embedding_lookup_sparse"):
+        parts = [_ids(ids, f"sp_ids[{i}]") for i, ids in enumerate(sp_ids)]
+        vectors = [tf.gather(p, tf.cast(v, tf.int64)) for p, (v, _, _) in zip(params, parts)]
+        if not fused:
+            return [combine(vec, seg, n, c) for vec, (_, seg, n), c in zip(vectors, parts, combiners)]
+        out: list[tf.Tensor | None] = [None] * len(params)
+        by_width: dict[int, list[int]] = {}
+        for i, vec in enumerate(vectors):
+            by_width.setdefault(int(vec.shape[-1]), []).append(i)
+        for group in by_width.values():
+            n = parts[group[0]][2]
+            segments = tf.concat([parts[i][1] + k * n for k, i in enumerate(group)], 0)
+            sums = tf.math.unsorted_segment_sum(tf.concat([vectors[i] for i in group], 0), segments, len(group) * n)
+            sums = tf.reshape(sums, [len(group), n, -1])
+            for k, i in enumerate(group):
+                if combiners[i] == "mean":
+                    count = tf.math.unsorted_segment_sum(tf.ones_like(parts[i][1], sums.dtype), parts[i][1], n)
+                    out[i] = sums[k] / tf.maximum(count, 1)[:, None]
+                else:
+                    out[i] = sums[k]
+        return out
