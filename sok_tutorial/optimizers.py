@@ -1,0 +1,207 @@
+"""Sparse optimizers for Keras 3: a step reads and writes only the table rows it touched.
+
+An embedding lookup's gradient is a ``tf.IndexedSlices`` over the rows a batch used. Keras'
+own optimizers turn it into a dense tensor the size of the whole table and update every row
+(and every slot) each step. These subclasses of the Keras optimizers deduplicate the touched
+rows, apply the very same update formulas to those rows only (``scatter`` ops), and leave every
+other row and its slots bit-identical. Dense gradients go to the Keras implementation
+unchanged, so one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``.
+
+* `SGD` (with optional momentum), `Adagrad`, `Adam`: Keras' maths on the touched rows; Adam's
+  bias correction uses the optimizer's step count, exactly as Keras does.
+* `LazyAdam`: Adam whose bias correction counts, per row, the steps that updated the row, so a
+  rarely seen row is corrected as fully as a frequent one. For a row touched at every step it
+  equals `Adam`.
+
+Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from sok_tutorial.embedding.layers import is_embedding_variable
+
+
+def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """(unique rows, summed gradient per row) of an IndexedSlices gradient."""
+    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int64)
+    values = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), position, tf.shape(rows, tf.int64)[0])
+    return rows, values
+
+
+def _tf(variable: Any) -> Any:
+    """The tf.Variable behind a Keras variable (a tf.Variable is returned as is)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
+    return tf.gather(_tf(slot), rows)  # a resource gather: reads only these rows
+
+
+def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
+    optimizer.assign(variable, tf.IndexedSlices(values, rows))
+
+
+def _sparse(gradient: Any, variable: Any) -> Any:
+    """Embedding tables always take the sparse path (a dense gradient touches every row)."""
+    if isinstance(gradient, tf.IndexedSlices) or not is_embedding_variable(variable):
+        return gradient
+    return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
+
+
+def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
+    """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
+    excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
+    optimizer._exclude_from_weight_decay = excluded | {optimizer._var_key(v) for v in var_list
+                                                       if is_embedding_variable(v)}
+
+
+class _SparseMixin:
+    """Shared by the sparse optimizers. Touched rows are read and written back whole
+    (``scatter_update``), which on CPU costs about half of an in-place ``scatter_sub``."""
+
+    def build(self, var_list: list[Any]) -> None:
+        if not self.built:
+            _exclude_tables_from_weight_decay(self, var_list)
+        super().build(var_list)
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class SGD(_SparseMixin, keras.optimizers.SGD):
+    """``keras.optimizers.SGD`` that updates only the touched rows of sparse gradients."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        lr = tf.cast(learning_rate, variable.dtype)
+        rows, g = _touched(gradient, variable.dtype)
+        if self.momentum == 0:
+            _write(self, variable, rows, _gather(variable, rows) - g * lr)
+            return None
+        momentum = tf.cast(self.momentum, variable.dtype)
+        m = self.momentums[self._get_variable_index(variable)]
+        m_new = _gather(m, rows) * momentum - g * lr
+        _write(self, m, rows, m_new)
+        step = m_new * momentum - g * lr if self.nesterov else m_new
+        _write(self, variable, rows, _gather(variable, rows) + step)
+        return None
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
+    """``keras.optimizers.Adagrad`` that updates only the touched rows (and accumulators)."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        lr = tf.cast(learning_rate, variable.dtype)
+        rows, g = _touched(gradient, variable.dtype)
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        acc = _gather(accumulator, rows) + tf.square(g)
+        _write(self, accumulator, rows, acc)
+        _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
+        return None
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class Adam(_SparseMixin, keras.optimizers.Adam):
+    """``keras.optimizers.Adam`` that updates only the touched rows (and their moments).
+
+    An embedding table's moments live in one slot variable ``[rows, k * dim]`` (``m | v``, then
+    ``v_hat`` with amsgrad, then a per-row step count for `LazyAdam`): one gather and one write
+    per step instead of one per moment. Other variables keep Keras' own slots.
+    """
+
+    _row_counts = False  # LazyAdam: keep a per-row step count in the fused slot
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        keras.optimizers.Optimizer.build(self, var_list)  # Keras Adam's slots only where needed
+        self._momentums, self._velocities, self._velocity_hats, self._fused, self._row_steps = [], [], [], [], []
+        for var in var_list:
+            rows = int(var.shape[0]) if len(var.shape) else 1
+            if is_embedding_variable(var):
+                width = int(var.shape[-1]) * (3 if self.amsgrad else 2) + (1 if self._row_counts else 0)
+                self._fused.append(self.add_variable((rows, width), name=f"{var.name}_moments", dtype=var.dtype))
+                self._momentums.append(None)
+                self._velocities.append(None)
+                self._velocity_hats.append(None)
+                self._row_steps.append(None)
+            else:
+                self._fused.append(None)
+                self._momentums.append(self.add_variable_from_reference(var, "momentum"))
+                self._velocities.append(self.add_variable_from_reference(var, "velocity"))
+                self._velocity_hats.append(self.add_variable_from_reference(var, "velocity_hat")
+                                           if self.amsgrad else None)
+                self._row_steps.append(self.add_variable((rows,), name=f"{var.name}_row_steps", dtype=var.dtype)
+                                       if self._row_counts else None)
+        if not self.amsgrad:
+            self._velocity_hats = []
+        _exclude_tables_from_weight_decay(self, var_list)
+
+    def _alpha(self, learning_rate: Any, dtype: Any, steps: tf.Tensor) -> tf.Tensor:
+        beta_1_power = tf.pow(tf.cast(self.beta_1, dtype), steps)
+        beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), steps)
+        return tf.cast(learning_rate, dtype) * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
+        rows, g = _touched(gradient, variable.dtype)
+        index = self._get_variable_index(variable)
+        slot = self._fused[index]
+        if slot is not None:  # an embedding table: all its moments in one slot
+            dim = int(variable.shape[-1])
+            moments = _gather(slot, rows)
+            m_rows, v_rows = moments[:, :dim], moments[:, dim:2 * dim]
+            v_hat_rows = moments[:, 2 * dim:3 * dim] if self.amsgrad else None
+            steps = moments[:, -1:] + 1 if self._row_counts else None
+        else:  # another variable that received a sparse gradient: Keras' separate slots
+            m_rows, v_rows = _gather(self._momentums[index], rows), _gather(self._velocities[index], rows)
+            v_hat_rows = _gather(self._velocity_hats[index], rows) if self.amsgrad else None
+            if self._row_counts:
+                shape = tf.concat([tf.shape(rows), tf.ones([tf.rank(g) - 1], tf.int32)], 0)
+                steps = tf.reshape(_gather(self._row_steps[index], rows) + 1, shape)
+        m_new = m_rows + (g - m_rows) * (1 - self.beta_1)
+        v_new = v_rows + (tf.square(g) - v_rows) * (1 - self.beta_2)
+        v_use = tf.maximum(v_hat_rows, v_new) if self.amsgrad else v_new
+        if not self._row_counts:
+            steps = tf.cast(self.iterations + 1, variable.dtype)
+        alpha = self._alpha(learning_rate, variable.dtype, steps)
+        if slot is not None:
+            _write(self, slot, rows, tf.concat([m_new, v_new] + ([v_use] if self.amsgrad else [])
+                                               + ([steps] if self._row_counts else []), 1))
+        else:
+            _write(self, self._momentums[index], rows, m_new)
+            _write(self, self._velocities[index], rows, v_new)
+            if self.amsgrad:
+                _write(self, self._velocity_hats[index], rows, v_use)
+            if self._row_counts:
+                _write(self, self._row_steps[index], rows, tf.reshape(steps, [-1]))
+        _write(self, variable, rows, _gather(variable, rows) - (m_new * alpha) / (tf.sqrt(v_use) + self.epsilon))
+        return None
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class LazyAdam(Adam):
+    """Adam with per-row bias correction: each row counts the steps that updated it.
+
+    Example:
+        >>> import sok_tutorial as sok
+        >>> layer = sok.All2AllDenseEmbedding(3, 1, slot_num=1, nnz_per_slot=1, use_hashtable=False)
+        >>> layer.build()
+        >>> _ = layer.embedding_variable.assign([[1.0], [2.0], [3.0]])
+        >>> opt = LazyAdam(learning_rate=0.1)
+        >>> opt.apply([tf.IndexedSlices(tf.constant([[0.5]]), tf.constant([2]))], [layer.embedding_variable])
+        >>> [round(float(x), 4) for x in layer.embedding_variable.numpy().ravel()]  # only row 2 moved, by lr
+        [1.0, 2.0, 2.9]
+    """
+
+    _row_counts = True

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from sok_tutorial import optimizers  # noqa: E402
+
+ROWS, DIM = 40, 3
+TOUCHED = np.array([3, 7, 7, 12, 39])  # row 7 twice in one step: its gradients add up
+
+
+def _grad(rng: np.random.Generator) -> tf.IndexedSlices:
+    return tf.IndexedSlices(tf.constant(rng.normal(size=(len(TOUCHED), DIM)), tf.float32), tf.constant(TOUCHED),
+                            dense_shape=tf.constant([ROWS, DIM]))
+
+
+def _dense(g: tf.IndexedSlices) -> tf.Tensor:
+    return tf.convert_to_tensor(g)
+
+
+CASES = [
+    (optimizers.SGD, keras.optimizers.SGD, {"learning_rate": 0.1}),
+    (optimizers.SGD, keras.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9}),
+    (optimizers.SGD, keras.optimizers.SGD, {"learning_rate": 0.1, "momentum": 0.9, "nesterov": True}),
+    (optimizers.Adagrad, keras.optimizers.Adagrad, {"learning_rate": 0.1}),
+    (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01}),
+    (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01, "amsgrad": True}),
+]
+
+
+@pytest.mark.parametrize("table", [True, False], ids=["embedding-table", "plain-variable"])
+@pytest.mark.parametrize("ours, theirs, kwargs", CASES)
+def test_touched_rows_follow_keras_untouched_rows_and_slots_stay_identical(ours, theirs, kwargs, table):
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    sparse_var, dense_var = keras.Variable(start), keras.Variable(start)
+    sparse_var._sok_embedding = table  # tables keep Adam's moments in one fused slot
+    sparse_opt, dense_opt = ours(**kwargs), theirs(**kwargs)
+    sparse_opt.build([sparse_var])
+    slots_before = [v.numpy().copy() for v in sparse_opt.variables[1:]]
+    untouched = np.setdiff1d(np.arange(ROWS), TOUCHED)
+    for _ in range(4):
+        g = _grad(rng)
+        sparse_opt.apply([g], [sparse_var])
+        dense_opt.apply([_dense(g)], [dense_var])
+    rows = np.unique(TOUCHED)
+    np.testing.assert_allclose(sparse_var.numpy()[rows], dense_var.numpy()[rows], rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(sparse_var.numpy()[untouched], start[untouched])  # bit-identical
+    for before, slot in zip(slots_before, sparse_opt.variables[1:]):
+        if len(slot.shape) and slot.shape[0] == ROWS:
+            np.testing.assert_array_equal(slot.numpy()[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("ours, theirs, kwargs", CASES)
+def test_dense_gradients_take_the_keras_path_unchanged(ours, theirs, kwargs):
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(5, 4)).astype(np.float32)
+    a, b = keras.Variable(start), keras.Variable(start)
+    opt_a, opt_b = ours(**kwargs), theirs(**kwargs)
+    for _ in range(3):
+        g = tf.constant(rng.normal(size=(5, 4)), tf.float32)
+        opt_a.apply([g], [a])
+        opt_b.apply([g], [b])
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("table", [True, False], ids=["embedding-table", "plain-variable"])
+def test_lazy_adam_corrects_each_row_by_its_own_step_count(table):
+    lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-7
+    var = keras.Variable(np.zeros((4, 2), np.float32))
+    var._sok_embedding = table
+    opt = optimizers.LazyAdam(learning_rate=lr, beta_1=b1, beta_2=b2, epsilon=eps)
+    steps = [([0, 1], [[1.0, 2.0], [0.5, -1.0]]), ([0], [[-1.0, 0.25]]), ([0, 2], [[2.0, 1.0], [1.0, 1.0]])]
+    m, v, count, ref = np.zeros((4, 2)), np.zeros((4, 2)), np.zeros(4), np.zeros((4, 2))
+    for rows, grads in steps:
+        opt.apply([tf.IndexedSlices(tf.constant(grads, tf.float32), tf.constant(rows))], [var])
+        for r, g in zip(rows, np.array(grads)):
+            count[r] += 1
+            m[r] = m[r] + (g - m[r]) * (1 - b1)
+            v[r] = v[r] + (g * g - v[r]) * (1 - b2)
+            alpha = lr * np.sqrt(1 - b2 ** count[r]) / (1 - b1 ** count[r])
+            ref[r] -= m[r] * alpha / (np.sqrt(v[r]) + eps)
+    np.testing.assert_allclose(var.numpy(), ref, rtol=1e-5)
+    assert var.numpy()[3].tolist() == [0.0, 0.0]
+    # row 2 was updated once, at the optimizer's third step: its first update has magnitude lr
+    np.testing.assert_allclose(np.abs(ref[2]), lr, rtol=1e-4)
+
+
+def test_lazy_adam_equals_adam_for_rows_touched_every_step():
+    rng = np.random.default_rng(2)
+    start = rng.normal(size=(10, 2)).astype(np.float32)
+    a, b = keras.Variable(start), keras.Variable(start)
+    opt_a, opt_b = optimizers.LazyAdam(0.01), optimizers.Adam(0.01)
+    for _ in range(5):
+        g = tf.IndexedSlices(tf.constant(rng.normal(size=(3, 2)), tf.float32), tf.constant([1, 4, 8]))
+        opt_a.apply([g], [a])
+        opt_b.apply([g], [b])
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
+def test_weight_decay_spares_embedding_tables():
+    import sok_tutorial as sok
+
+    layer = sok.All2AllDenseEmbedding(20, 2, slot_num=1, nnz_per_slot=1, use_hashtable=False)
+    layer.build()
+    dense = keras.Variable(np.ones((2, 2), np.float32))
+    opt = optimizers.SGD(0.1, weight_decay=0.5)
+    before = layer.embedding_variable.numpy().copy()
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([3]))
+    opt.apply([grad, tf.zeros([2, 2])], [layer.embedding_variable, dense])
+    changed = np.flatnonzero((layer.embedding_variable.numpy() != before).any(1))
+    assert changed.tolist() == [3] and float(dense.numpy()[0, 0]) < 1.0
