@@ -40,6 +40,14 @@ def check_02(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["ragged_genres_shape"] == [5, None]
 
 
+def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["num_replicas"] == p["NUM_REPLICAS"] == 2
+    assert len(m["losses"]) == p["ITERATIONS"] and all(0.4 < loss < 0.8 for loss in m["losses"])
+    assert m["last_loss"] < m["first_loss"]  # the planted labels are learnable
+    assert m["samples_per_s"] > 0 and m["loader_speedup"] > 0.5
+    assert m["embedding_parameters"] == p["VOCABULARY_SIZE"] * 4
+
+
 SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "01-synthetic-data-and-parquet": (
         {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
@@ -53,6 +61,11 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
          "HASH_BUCKETS": 1000, "TRAIN_BATCH_SIZE": 2048, "TRAIN_EPOCHS": 2, "MOVIELENS_RATINGS": 20_000,
          "PROGRESS": False},
         check_02,
+    ),
+    "04-sok-dense-demo": (
+        {"NUM_REPLICAS": 2, "GLOBAL_BATCH_SIZE": 256, "ITERATIONS": 12, "SLOT_NUM": 10, "NNZ_PER_SLOT": 4,
+         "VOCABULARY_SIZE": 1000, "NUM_DENSE_LAYERS": 2, "DENSE_UNITS": 64, "LEARNING_RATE": 0.01},
+        check_04,
     ),
 }
 
