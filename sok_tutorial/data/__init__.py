@@ -19,6 +19,8 @@ _NAMES = {
     "ParquetLoader": "sok_tutorial.data.loader",
     "LoaderError": "sok_tutorial.data.loader_base",
     "HashBucket": "sok_tutorial.data.transforms",
+    "Workflow": "sok_tutorial.data.workflow",
+    "split_rows": "sok_tutorial.data.workflow",
 }
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)
