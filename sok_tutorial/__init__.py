@@ -19,6 +19,7 @@ _NAMES: dict[str, str] = {
     "SOKDenseDemo": "sok_tutorial.models",
     "optimizers": "sok_tutorial.optimizers",
     "models": "sok_tutorial.models",
+    "training": "sok_tutorial.training",
     "embedding": "sok_tutorial.embedding",
     "data": "sok_tutorial.data",
 }

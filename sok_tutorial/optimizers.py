@@ -52,6 +52,11 @@ def _sparse(gradient: Any, variable: Any) -> Any:
     return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
 
 
+def _slot_prefix(variable: Any) -> str:
+    """Keras' naming of per-variable optimizer state: the variable's path with ``_`` for ``/``."""
+    return getattr(variable, "path", variable.name).replace("/", "_")
+
+
 def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
     """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
     excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
@@ -128,7 +133,8 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
             rows = int(var.shape[0]) if len(var.shape) else 1
             if is_embedding_variable(var):
                 width = int(var.shape[-1]) * (3 if self.amsgrad else 2) + (1 if self._row_counts else 0)
-                self._fused.append(self.add_variable((rows, width), name=f"{var.name}_moments", dtype=var.dtype))
+                self._fused.append(self.add_variable((rows, width), name=f"{_slot_prefix(var)}_moments",
+                                                     dtype=var.dtype))
                 self._momentums.append(None)
                 self._velocities.append(None)
                 self._velocity_hats.append(None)
@@ -139,8 +145,8 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
                 self._velocities.append(self.add_variable_from_reference(var, "velocity"))
                 self._velocity_hats.append(self.add_variable_from_reference(var, "velocity_hat")
                                            if self.amsgrad else None)
-                self._row_steps.append(self.add_variable((rows,), name=f"{var.name}_row_steps", dtype=var.dtype)
-                                       if self._row_counts else None)
+                self._row_steps.append(self.add_variable((rows,), name=f"{_slot_prefix(var)}_row_steps",
+                                                         dtype=var.dtype) if self._row_counts else None)
         if not self.amsgrad:
             self._velocity_hats = []
         _exclude_tables_from_weight_decay(self, var_list)

@@ -74,6 +74,7 @@ class _EmbeddingBase(keras.layers.Layer):
         self.init = init_spec(embedding_initializer)
         self.vocabulary = (DynamicVocabulary(self.max_vocabulary_size_per_gpu, name=self.name)
                            if self.use_hashtable else None)
+        self._frozen: tf.lookup.StaticHashTable | None = None
 
     def build(self, input_shape: Any = None) -> None:
         self.embedding_variable = self.add_weight(
@@ -98,6 +99,9 @@ class _EmbeddingBase(keras.layers.Layer):
                                      message=f"{self.name}: key out of range [0, {rows}) with use_hashtable=False "
                                              "(max_vocabulary_size_per_gpu)")
             return flat_keys, None
+        if self._frozen is not None:  # exported: a static table, no Python in the graph
+            rows = self._frozen.lookup(flat_keys)
+            return tf.maximum(rows, 0), rows >= 0
         if training is False:  # inference: never grow the vocabulary; unseen keys embed to zeros
             rows = tf.py_function(lambda k: self.vocabulary.lookup(k.numpy()), [flat_keys], tf.int64)
             rows.set_shape(flat_keys.shape)
@@ -105,6 +109,15 @@ class _EmbeddingBase(keras.layers.Layer):
         rows = tf.py_function(self._lookup_or_insert, [flat_keys], tf.int64)
         rows.set_shape(flat_keys.shape)
         return rows, None
+
+    def freeze_vocabulary(self) -> None:
+        """Map keys through a static lookup table of the current vocabulary from now on (no new
+        keys; unseen ones embed to zeros): what a SavedModel for serving needs."""
+        if self.vocabulary is None:
+            return
+        keys, rows = self.vocabulary.export()
+        init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64), tf.constant(rows, tf.int64))
+        self._frozen = tf.lookup.StaticHashTable(init, default_value=-1)
 
     def _lookup_or_insert(self, keys: tf.Tensor) -> np.ndarray:
         """Runs eagerly (tf.py_function), possibly from several replicas at once: new rows get

@@ -1,6 +1,7 @@
 """Models built from the library's layers: the SOK dense demo (and, later, DLRM, wide & deep)."""
 from sok_tutorial._lazy import lazy_getattr
 
-_NAMES = {"SOKDenseDemo": "sok_tutorial.models.sok_dense_demo"}
+_NAMES = {"SOKDenseDemo": "sok_tutorial.models.sok_dense_demo",
+          "EmbeddingMLP": "sok_tutorial.models.embedding_mlp"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)

@@ -1,0 +1,19 @@
+"""Training: the `fit` loop, checkpoints, callbacks, model summaries and export for serving."""
+from sok_tutorial._lazy import lazy_getattr
+
+_NAMES = {
+    "fit": "sok_tutorial.training.loop",
+    "evaluate": "sok_tutorial.training.loop",
+    "History": "sok_tutorial.training.loop",
+    "save_checkpoint": "sok_tutorial.training.checkpoint",
+    "load_checkpoint": "sok_tutorial.training.checkpoint",
+    "latest_checkpoint": "sok_tutorial.training.checkpoint",
+    "CheckpointMismatch": "sok_tutorial.training.checkpoint",
+    "ThroughputLogger": "sok_tutorial.training.callbacks",
+    "model_summary": "sok_tutorial.training.summary",
+    "parameter_report": "sok_tutorial.training.summary",
+    "export_model": "sok_tutorial.training.export",
+    "load_export": "sok_tutorial.training.export",
+}
+__all__ = sorted(_NAMES)
+__getattr__ = lazy_getattr(__name__, _NAMES)

@@ -1,0 +1,183 @@
+"""Checkpoints: a directory that appears whole or not at all.
+
+Layout::
+
+    step-00001000/
+        dense.npz          every model variable that is not an embedding table, by path
+        tables/<i>.npz     per table: keys, vectors and optimizer slots of the rows in use
+        optimizer.npz      the optimizer's other variables (step count, dense slots)
+        manifest.json      what is inside and the training position; written last
+
+The directory is written as a temporary sibling and renamed into place, so a crash mid-save
+leaves the previous checkpoint as the latest. Tables are stored by key, not by row, so they can
+be reloaded into a table of another size or layout (rows are reassigned compactly).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sok_tutorial.atomic import atomic_directory
+from sok_tutorial.embedding.layers import is_embedding_variable
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+
+def _tables(model: Any) -> list[Any]:
+    """Embedding layers of `model` (each owns one table variable), in a stable order."""
+    return [layer for layer in model._flatten_layers(include_self=False)
+            if is_embedding_variable(getattr(layer, "embedding_variable", None))]
+
+
+def _dense_variables(model: Any) -> list[Any]:
+    return [v for v in model.variables if not is_embedding_variable(v)]
+
+
+def _relative(model: Any, path: str) -> str:
+    """A variable or layer path inside `model`: without the model's own (auto-numbered) name."""
+    head, _, rest = path.partition("/")
+    return rest if head == model.name and rest else path
+
+
+def table_slots(optimizer: Any, table: Any) -> list[Any]:
+    """The optimizer variables holding per-row state of `table` (first dimension = its rows)."""
+    if optimizer is None or not getattr(optimizer, "built", False):
+        return []
+    prefix = table.path.replace("/", "_") + "_"  # Keras names slots "<variable path>_<slot>"
+    rows = int(table.shape[0])
+    return [v for v in optimizer.variables
+            if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == rows]
+
+
+def _rows_in_use(layer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, rows) of a table: its vocabulary, or every row of a static table (key = row)."""
+    if getattr(layer, "vocabulary", None) is not None:
+        return layer.vocabulary.export()
+    rows = np.arange(int(layer.embedding_variable.shape[0]), dtype=np.int64)
+    return rows, rows
+
+
+def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, *,
+                    state: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+    """Write `model` (and `optimizer`) plus free-form `state` (step, epoch...) to `path`."""
+    tables = _tables(model)
+    slot_ids = set()
+    with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
+        (tmp / "tables").mkdir()
+        table_entries = []
+        for i, layer in enumerate(tables):
+            keys, rows = _rows_in_use(layer)
+            arrays = {"keys": keys, "vectors": layer.embedding_variable.numpy()[rows]}
+            slots = table_slots(optimizer, layer.embedding_variable)
+            for j, slot in enumerate(slots):
+                arrays[f"slot_{j}"] = slot.numpy()[rows]
+                slot_ids.add(id(slot))
+            np.savez(tmp / "tables" / f"{i}.npz", **arrays)
+            table_entries.append({"layer": _relative(model, layer.path), "rows": int(layer.embedding_variable.shape[0]),
+                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(len(keys)),
+                                  "dynamic": getattr(layer, "vocabulary", None) is not None,
+                                  "slots": [s.name for s in slots]})
+        dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model)}
+        np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
+        opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
+                    if id(v) not in slot_ids]
+        np.savez(tmp / "optimizer.npz", **{f"v{i}": v.numpy() for i, v in enumerate(opt_vars)})
+        manifest = {"format": FORMAT, "model": type(model).__name__, "state": state or {}, "tables": table_entries,
+                    "dense": [{"path": p, "shape": list(a.shape)} for p, a in dense.items()],
+                    "optimizer": {"class": type(optimizer).__name__ if optimizer is not None else None,
+                                  "variables": [{"name": v.name, "shape": list(v.shape)} for v in opt_vars]}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return Path(path)
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint was written by a different model or optimizer; the message says what differs."""
+
+
+def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) -> dict[str, Any]:
+    """Restore `model` (and `optimizer`, which must be built) from `path`; returns the saved state."""
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
+    manifest = json.loads((path / MANIFEST).read_text())
+    tables, dense_vars = _tables(model), _dense_variables(model)
+    problems = []
+    if manifest["model"] != type(model).__name__:
+        problems.append(f"model class {manifest['model']} vs {type(model).__name__}")
+    saved_dense = {d["path"]: tuple(d["shape"]) for d in manifest["dense"]}
+    have_dense = {_relative(model, v.path): tuple(v.shape) for v in dense_vars}
+    if saved_dense != have_dense:
+        missing = sorted(set(saved_dense) - set(have_dense))[:3]
+        extra = sorted(set(have_dense) - set(saved_dense))[:3]
+        shapes = [f"{p}: {saved_dense[p]} vs {have_dense[p]}" for p in saved_dense
+                  if p in have_dense and saved_dense[p] != have_dense[p]][:3]
+        problems.append(f"dense variables differ (only in checkpoint: {missing}, only in model: {extra}, "
+                        f"shapes: {shapes})")
+    if len(manifest["tables"]) != len(tables):
+        problems.append(f"{len(manifest['tables'])} embedding tables vs {len(tables)}")
+    for entry, layer in zip(manifest["tables"], tables):
+        if entry["dim"] != int(layer.embedding_variable.shape[1]):
+            problems.append(f"table {entry['layer']}: width {entry['dim']} vs {int(layer.embedding_variable.shape[1])}")
+        if entry["keys"] > int(layer.embedding_variable.shape[0]):
+            problems.append(f"table {entry['layer']}: {entry['keys']} keys do not fit "
+                            f"{layer.embedding_variable.shape[0]} rows")
+    if problems:
+        raise CheckpointMismatch(f"checkpoint {str(path)!r} does not match this model: " + "; ".join(problems))
+
+    dense = np.load(path / "dense.npz")
+    for i, v in enumerate(dense_vars):
+        v.assign(dense[f"v{i}"])
+    for i, (entry, layer) in enumerate(zip(manifest["tables"], tables)):
+        data = np.load(path / "tables" / f"{i}.npz")
+        keys, vectors = data["keys"], data["vectors"]
+        if getattr(layer, "vocabulary", None) is not None:
+            rows = np.arange(len(keys), dtype=np.int64)  # compact rows; the vocabulary follows
+            layer.vocabulary.restore(keys, rows)
+        else:
+            rows = keys
+        table = layer.embedding_variable
+        values = np.zeros(tuple(table.shape), table.dtype) if layer.vocabulary is not None else table.numpy()
+        values[rows] = vectors
+        table.assign(values)
+        slots = table_slots(optimizer, table)
+        if optimizer is not None and slots:
+            for j, slot in enumerate(slots):
+                full = np.zeros(tuple(slot.shape), slot.dtype)
+                if f"slot_{j}" in data:
+                    full[rows] = data[f"slot_{j}"]
+                slot.assign(full)
+    if optimizer is not None and optimizer.built:
+        saved = np.load(path / "optimizer.npz")
+        slot_ids = {id(s) for layer in tables for s in table_slots(optimizer, layer.embedding_variable)}
+        others = [v for v in optimizer.variables if id(v) not in slot_ids]
+        if len(others) != len(saved.files):
+            raise CheckpointMismatch(f"checkpoint {str(path)!r}: optimizer has {len(others)} variables, "
+                                     f"the checkpoint {len(saved.files)}")
+        for i, v in enumerate(others):
+            v.assign(saved[f"v{i}"])
+    return manifest["state"]
+
+
+def checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints (``step-*`` with a manifest) in `directory`, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    found = checkpoints(directory)
+    return found[-1] if found else None
+
+
+def step_dir(directory: str | os.PathLike, step: int) -> Path:
+    return Path(directory) / f"step-{step:08d}"

@@ -1,0 +1,225 @@
+"""`fit`: the training loop of the notebooks that do not use plain ``model.fit``.
+
+It logs the loss and samples/s, evaluates AUC every ``eval_interval`` steps, writes snapshots
+(`sok_tutorial.training.checkpoint`) every ``snapshot_interval`` steps and resumes from the
+latest one, so an interrupted run continues exactly where it stopped: same batches, same
+optimizer state, same results as if it had never stopped.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kernels import checks
+from sok_tutorial.progress import progress_bar
+from sok_tutorial.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
+
+
+@dataclass
+class History:
+    """What `fit` measured, step by step."""
+
+    step: list[int] = field(default_factory=list)  # logging points
+    loss: list[float] = field(default_factory=list)  # mean training loss since the previous point
+    samples_per_s: list[float] = field(default_factory=list)
+    eval_step: list[int] = field(default_factory=list)
+    eval_auc: list[float] = field(default_factory=list)
+    eval_loss: list[float] = field(default_factory=list)
+    snapshots: list[str] = field(default_factory=list)
+    resumed_from: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max_batches: int | None = None,
+             loss: Any = None) -> dict[str, float]:
+    """AUC and mean loss of `model` over `loader` (at most `max_batches` batches)."""
+    auc = keras.metrics.AUC(num_thresholds=1000)
+    loss_fn = loss or keras.losses.BinaryCrossentropy(from_logits=from_logits)
+    total, count = 0.0, 0
+
+    @tf.function
+    def predict(features: Any) -> tf.Tensor:
+        return model(features, training=False)
+
+    for i, (features, labels) in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        out = predict(features)
+        auc.update_state(labels, tf.sigmoid(out) if from_logits else out)
+        n = int(labels.shape[0])
+        total += float(loss_fn(labels, out)) * n
+        count += n
+    if not count:
+        raise ValueError("evaluate: the evaluation loader yielded no batches")
+    return {"auc": float(auc.result()), "loss": total / count}
+
+
+def _batches_from(loader: Any, epoch: int, skip: int) -> Iterable[Any]:
+    """One epoch of batches starting at batch `skip` (the loader replays epoch `epoch` exactly)."""
+    if hasattr(loader, "epoch"):
+        loader.epoch = epoch
+    for i, batch in enumerate(loader):
+        if i >= skip:
+            yield batch
+
+
+def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = None, from_logits: bool = True,
+        eval_loader: Any = None, eval_interval: int | None = None, max_eval_batches: int | None = None,
+        snapshot_interval: int | None = None, snapshot_dir: str | Path | None = None,
+        max_steps: int | None = None, epochs: int | None = None, log_interval: int = 50,
+        log_dir: str | Path | None = None, callbacks: Sequence[Any] = (), resume: bool = True,
+        progress: bool = True) -> History:
+    """Train `model` on `train_loader` (batches of ``(features, labels)``).
+
+    Args:
+        optimizer: defaults to ``model.optimizer`` (a compiled model); sparse optimizers of
+            `sok_tutorial.optimizers` update only the table rows a step used.
+        loss: defaults to binary cross-entropy on the model's output (``from_logits``).
+        eval_loader, eval_interval, max_eval_batches: validation AUC and loss every
+            `eval_interval` steps (and at the end), over at most `max_eval_batches` batches.
+        snapshot_interval, snapshot_dir: write a checkpoint every `snapshot_interval` steps (and at
+            the end); with ``resume=True`` training continues from the latest one found there.
+        max_steps, epochs: when to stop (one of them; default one epoch).
+        log_interval: steps between logged points (loss mean, samples/s).
+        log_dir: TensorBoard logs (scalars ``loss``, ``samples_per_s``, ``eval_auc``, ``eval_loss``).
+        callbacks: Keras callbacks; ``on_train_batch_end(step, logs)`` gets ``loss`` and ``size``.
+
+    Returns:
+        `History`.
+    """
+    optimizer = optimizer or getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError("fit: pass an optimizer, or compile the model with one")
+    if max_steps is not None and epochs is not None:
+        raise ValueError("fit: give max_steps or epochs, not both")
+    epochs = 1 if max_steps is None and epochs is None else epochs
+    if max_steps is not None:
+        checks.positive_int("max_steps", max_steps)
+    if epochs is not None:
+        checks.positive_int("epochs", epochs)
+    checks.positive_int("log_interval", log_interval)
+    if eval_interval is not None:
+        checks.positive_int("eval_interval", eval_interval)
+        if eval_loader is None:
+            raise ValueError("fit: eval_interval needs an eval_loader")
+    if snapshot_interval is not None:
+        checks.positive_int("snapshot_interval", snapshot_interval)
+        if snapshot_dir is None:
+            raise ValueError("fit: snapshot_interval needs a snapshot_dir")
+    loss_fn = loss or keras.losses.BinaryCrossentropy(from_logits=from_logits)
+    batches_per_epoch = len(train_loader) if hasattr(train_loader, "__len__") else None
+    total = max_steps if max_steps is not None else (epochs * batches_per_epoch if batches_per_epoch else None)
+
+    @tf.function
+    def train_step(features: Any, labels: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            value = loss_fn(labels, model(features, training=True))
+        optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
+        return value
+
+    history = History()
+    step, epoch, skip = 0, 0, 0
+    if snapshot_dir is not None and resume and (last := latest_checkpoint(snapshot_dir)) is not None:
+        _build(model, optimizer, train_loader)
+        state = load_checkpoint(last, model, optimizer)
+        step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]
+        history.resumed_from = step
+    writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
+    for cb in callbacks:
+        cb.set_model(model)
+        cb.on_train_begin()
+    bar = progress_bar(progress, total=total, desc="train", unit="step", unit_scale=False)
+    bar.update(step)
+    window_loss, window_steps, window_samples, window_start = 0.0, 0, 0, time.perf_counter()
+
+    def log_point() -> None:
+        nonlocal window_loss, window_steps, window_samples, window_start
+        if not window_steps:
+            return
+        now = time.perf_counter()
+        history.step.append(step)
+        history.loss.append(window_loss / window_steps)
+        history.samples_per_s.append(window_samples / max(now - window_start, 1e-9))
+        _scalars(writer, step, loss=history.loss[-1], samples_per_s=history.samples_per_s[-1])
+        bar.set_postfix_str(f"loss {history.loss[-1]:.4f}")
+        window_loss, window_steps, window_samples, window_start = 0.0, 0, 0, now
+
+    def eval_point() -> None:
+        result = evaluate(model, eval_loader, from_logits=from_logits, max_batches=max_eval_batches, loss=loss)
+        history.eval_step.append(step)
+        history.eval_auc.append(result["auc"])
+        history.eval_loss.append(result["loss"])
+        _scalars(writer, step, eval_auc=result["auc"], eval_loss=result["loss"])
+        bar.set_postfix_str(f"loss {history.loss[-1] if history.loss else math.nan:.4f} auc {result['auc']:.4f}")
+
+    def snapshot(batch_in_epoch: int) -> None:
+        target = step_dir(snapshot_dir, step)
+        save_checkpoint(target, model, optimizer, overwrite=True,
+                        state={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
+        history.snapshots.append(str(target))
+
+    done = max_steps is not None and step >= max_steps
+    while not done and (epochs is None or epoch < epochs):
+        position = skip
+        for cb in callbacks:
+            cb.on_epoch_begin(epoch)
+        for features, labels in _batches_from(train_loader, epoch, skip):
+            value = float(train_step(features, labels))
+            size = int(labels.shape[0])
+            step, position = step + 1, position + 1
+            window_loss, window_steps, window_samples = window_loss + value, window_steps + 1, window_samples + size
+            for cb in callbacks:
+                cb.on_train_batch_end(step, {"loss": value, "size": size})
+            bar.update()
+            if step % log_interval == 0:
+                log_point()
+            if eval_interval and step % eval_interval == 0:
+                eval_point()
+            if snapshot_interval and step % snapshot_interval == 0:
+                snapshot(position)
+            if max_steps is not None and step >= max_steps:
+                done = True
+                break
+        for cb in callbacks:
+            cb.on_epoch_end(epoch)
+        if not done:
+            epoch, skip = epoch + 1, 0
+    log_point()
+    if eval_loader is not None and (not history.eval_step or history.eval_step[-1] != step):
+        eval_point()
+    if snapshot_dir is not None and (not history.snapshots or not history.snapshots[-1].endswith(f"{step:08d}")):
+        snapshot(position if done else 0)
+    bar.close()
+    for cb in callbacks:
+        cb.on_train_end()
+    if writer is not None:
+        writer.flush()
+    return history
+
+
+def _build(model: Any, optimizer: Any, loader: Any) -> None:
+    """Create model and optimizer variables (before restoring them) from one batch."""
+    if not model.built or not model.variables:
+        features, _ = next(iter(loader))
+        model(features, training=False)
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+
+def _scalars(writer: Any, step: int, **values: float) -> None:
+    if writer is None:
+        return
+    with writer.as_default():
+        for name, value in values.items():
+            if value is not None and not (isinstance(value, float) and np.isnan(value)):
+                tf.summary.scalar(name, value, step=step)

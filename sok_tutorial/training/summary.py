@@ -1,0 +1,80 @@
+"""A model summary for recommender models: every layer with its input and output shapes, and the
+parameter count split into embedding tables (large, sparse, memory-bound) and dense layers."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from sok_tutorial.embedding.layers import is_embedding_variable
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_shape(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_shape(v) for v in value) + ")"
+    shape = getattr(value, "shape", None)
+    return "?" if shape is None else str(tuple(None if d is None else int(d) for d in shape))
+
+
+def parameter_report(model: Any) -> dict[str, int]:
+    """Parameters and bytes of embedding tables vs everything else (trainable variables)."""
+    emb = [v for v in model.trainable_variables if is_embedding_variable(v)]
+    dense = [v for v in model.trainable_variables if not is_embedding_variable(v)]
+
+    def count(vs: list[Any]) -> int:
+        return int(sum(int(np.prod(v.shape)) for v in vs))
+
+    def nbytes(vs: list[Any]) -> int:
+        return int(sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in vs))
+
+    return {"embedding_parameters": count(emb), "dense_parameters": count(dense),
+            "embedding_bytes": nbytes(emb), "dense_bytes": nbytes(dense)}
+
+
+def model_summary(model: Any, sample: Any, print_fn: Callable[[str], None] | None = print) -> list[dict[str, Any]]:
+    """Run `model` on `sample` (one batch of features) and report each layer it calls.
+
+    Returns rows ``{"layer", "type", "inputs", "outputs", "parameters", "kind"}`` (kind is
+    ``embedding`` for table layers), and prints them as a table unless ``print_fn=None``.
+    """
+    rows: list[dict[str, Any]] = []
+    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    originals = {}
+
+    def wrap(layer: Any) -> Callable[..., Any]:
+        original = layer.call
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if not any(r["layer"] == layer.name for r in rows):
+                params = int(sum(int(np.prod(v.shape)) for v in layer.trainable_variables))
+                kind = "embedding" if any(is_embedding_variable(v) for v in layer.trainable_variables) else "dense"
+                rows.append({"layer": layer.name, "type": type(layer).__name__, "inputs": _shape(args[0] if args else
+                             kwargs), "outputs": _shape(out), "parameters": params, "kind": kind})
+            return out
+
+        return call
+
+    for layer in layers:
+        originals[id(layer)] = layer.call
+        layer.call = wrap(layer)
+    try:
+        model(sample, training=False)
+    finally:
+        for layer in layers:
+            layer.call = originals[id(layer)]
+    if print_fn is not None:
+        widths = [max(len(str(r[k])) for r in rows + [{k: k for k in rows[0]}]) for k in rows[0]] if rows else []
+        header = list(rows[0]) if rows else []
+        print_fn("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+        for r in rows:
+            print_fn("  ".join(str(r[h]).ljust(w) for h, w in zip(header, widths)))
+        report = parameter_report(model)
+        print_fn(f"embedding parameters {report['embedding_parameters']:,} "
+                 f"({report['embedding_bytes'] / 2**20:.1f} MiB), dense parameters "
+                 f"{report['dense_parameters']:,} ({report['dense_bytes'] / 2**20:.1f} MiB)")
+    return rows
