@@ -40,6 +40,13 @@ def check_02(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["ragged_genres_shape"] == [5, None]
 
 
+def check_03(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["eval_steps"][-1] == p["MAX_STEPS"] and len(m["eval_auc"]) == p["MAX_STEPS"] // p["EVAL_INTERVAL"]
+    assert 0.6 < m["final_auc"] <= m["oracle_auc"] + 0.02 and m["eval_auc"][-1] > m["eval_auc"][0]
+    assert m["export_max_abs_diff"] < 1e-6 and m["snapshots"] == p["MAX_STEPS"] // p["SNAPSHOT_INTERVAL"]
+    assert m["train_rows"] + m["valid_rows"] == p["NUM_RATINGS"]
+
+
 def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["num_replicas"] == p["NUM_REPLICAS"] == 2
     assert len(m["losses"]) == p["ITERATIONS"] and all(0.4 < loss < 0.8 for loss in m["losses"])
@@ -61,6 +68,11 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
          "HASH_BUCKETS": 1000, "TRAIN_BATCH_SIZE": 2048, "TRAIN_EPOCHS": 2, "MOVIELENS_RATINGS": 20_000,
          "PROGRESS": False},
         check_02,
+    ),
+    "03-training-overview-movielens": (
+        {"NUM_RATINGS": 30_000, "NUM_USERS": 100, "NUM_MOVIES": 100, "BATCH_SIZE": 512, "MAX_STEPS": 300,
+         "EVAL_INTERVAL": 100, "SNAPSHOT_INTERVAL": 150, "EMBEDDING_DIM": 8, "PROGRESS": False},
+        check_03,
     ),
     "04-sok-dense-demo": (
         {"NUM_REPLICAS": 2, "GLOBAL_BATCH_SIZE": 256, "ITERATIONS": 12, "SLOT_NUM": 10, "NNZ_PER_SLOT": 4,
