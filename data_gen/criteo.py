@@ -183,10 +183,12 @@ class CriteoLike:
         out["probability"] = p
         return out
 
-    def iter_blocks(self, num_rows: int) -> Iterator[dict[str, np.ndarray]]:
-        """`num_rows` rows in blocks of `BLOCK_ROWS` (the last one shorter)."""
+    def iter_blocks(self, num_rows: int, first_block: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        """`num_rows` rows in blocks of `BLOCK_ROWS` (the last one shorter), starting at block
+        `first_block` of the stream (rows past the end of one dataset make a disjoint held-out set)."""
+        checks.positive_int("first_block", first_block, allow_zero=True)
         for index, rows in blocks(checks.positive_int("num_rows", num_rows)):
-            yield head(self.sample(BLOCK_ROWS, index), rows)
+            yield head(self.sample(BLOCK_ROWS, first_block + index), rows)
 
     def params(self) -> dict[str, Any]:
         return {"cardinalities": self.cardinalities, "zipf_exponent": self.zipf_exponent,
@@ -199,13 +201,28 @@ class CriteoLike:
                          for n, c in zip(CAT_NAMES, self.cardinalities)])
 
 
+def held_out_block(num_rows: int) -> int:
+    """The first block past a dataset of `num_rows` rows: pass it as ``first_block`` to draw
+    held-out rows from the same model.
+
+    Example:
+        >>> held_out_block(1), held_out_block(BLOCK_ROWS), held_out_block(BLOCK_ROWS + 1)
+        (1, 1, 2)
+    """
+    return -(-checks.positive_int("num_rows", num_rows) // BLOCK_ROWS)
+
+
 def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: Sequence[int] | None = None,
                          zipf_exponent: float = 1.1, positive_rate: float = 0.25, signal: float = 1.0,
-                         seed: int = 0, num_parts: int = 1, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
-                         overwrite: bool = False, reuse: bool = False, progress: bool = True) -> Schema:
+                         seed: int = 0, first_block: int = 0, num_parts: int = 1,
+                         row_group_size: int = DEFAULT_ROW_GROUP_SIZE, overwrite: bool = False, reuse: bool = False,
+                         progress: bool = True) -> Schema:
     """Generate `num_rows` Criteo-like rows straight into a parquet dataset directory.
 
-    Missing continuous values are parquet nulls (read back as NaN by pandas).
+    Missing continuous values are parquet nulls (read back as NaN by pandas). Rows come from
+    blocks ``first_block, first_block + 1, ...`` of the seed's stream of `BLOCK_ROWS`-row blocks:
+    a validation set for a training set of ``n`` rows is the same call with
+    ``first_block=held_out_block(n)`` (same planted model, disjoint rows).
 
     ``schema.json`` records the generator parameters, ``oracle_auc`` (AUC of the true click
     probability on these rows) and ``positive_rate``. With ``reuse=True`` an existing dataset made
@@ -223,7 +240,7 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
     model = CriteoLike(cardinalities, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
                        signal=signal, seed=seed)
     generator = {"name": "criteo_like", "version": GENERATOR_VERSION, "num_rows": num_rows,
-                 "num_parts": num_parts, "row_group_size": row_group_size, **model.params()}
+                 "first_block": first_block, "num_parts": num_parts, "row_group_size": row_group_size, **model.params()}
     if reuse and (schema := reusable(out_dir, generator)) is not None:
         return schema
     acc = AucAccumulator()
@@ -231,7 +248,7 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
 
     def chunks() -> Iterator[dict[str, np.ndarray]]:
         nonlocal labels
-        for block in model.iter_blocks(num_rows):
+        for block in model.iter_blocks(num_rows, first_block):
             acc.update(block.pop("probability"), block[LABEL_NAME])
             labels += int(block[LABEL_NAME].sum())
             for name in CONT_NAMES:  # missing values are stored as parquet nulls

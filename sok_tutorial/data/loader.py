@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - other Keras layouts: use loader.to_tf_
     _AdapterBase = object
 
 CONTINUOUS = "continuous"  # feature name of the concatenated continuous columns
+CATEGORICAL = "categorical"  # feature name of the concatenated categorical columns
 
 
 class ParquetLoader(_AdapterBase):
@@ -52,6 +53,8 @@ class ParquetLoader(_AdapterBase):
         prefetch: batches prepared ahead by the background threads.
         concat_continuous: deliver continuous columns as one ``[B, n]`` tensor named
             ``"continuous"``.
+        concat_categorical: deliver categorical columns as one int64 ``[B, n]`` tensor named
+            ``"categorical"`` (DLRM's layout; fewer, larger tensors cross into TensorFlow).
         fill_nan: replace missing/NaN continuous values with this (default: an error).
         max_nnz: ``{list column: limit}`` overriding schema.json; longer lists are an error
             unless ``truncate_lists=True``.
@@ -75,6 +78,7 @@ class ParquetLoader(_AdapterBase):
                  global_size: int = 1, global_rank: int = 0,
                  drop_last: bool = False, sparse_as_dense: bool = False, transforms: Sequence[Any] = (),
                  device: str = "auto", prefetch: int = 2, concat_continuous: bool = False,
+                 concat_categorical: bool = False,
                  fill_nan: float | None = None, max_nnz: Mapping[str, int] | None = None, truncate_lists: bool = False):
         self.core = LoaderCore(paths_or_dataset, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
                                list_names=list_names, shuffle=shuffle, seed=seed, parts_per_chunk=parts_per_chunk,
@@ -82,9 +86,13 @@ class ParquetLoader(_AdapterBase):
                                drop_last=drop_last, sparse_as_dense=sparse_as_dense, transforms=transforms,
                                device=device, fill_nan=fill_nan, max_nnz=max_nnz, truncate_lists=truncate_lists)
         self.prefetch = checks.positive_int("prefetch", prefetch)
+        self._pool = cols.BufferPool()  # buffers of stacked columns, reused once TF lets go of them
         self.concat_continuous = bool(concat_continuous)
         if self.concat_continuous and not cont_names:
             raise ValueError("concat_continuous=True needs cont_names")
+        self.concat_categorical = bool(concat_categorical)
+        if self.concat_categorical and not cat_names:
+            raise ValueError("concat_categorical=True needs cat_names")
 
     # ----------------------------------------------------------------- iteration
     def __len__(self) -> int:
@@ -135,6 +143,14 @@ class ParquetLoader(_AdapterBase):
             return tf.convert_to_tensor(array)
         return tf.experimental.dlpack.from_dlpack(array.toDlpack())  # CuPy: stays on the GPU
 
+    def _stack(self, columns: list[Any]) -> Any:
+        """Columns side by side, ``[B, len(columns)]``; on the CPU into an aligned buffer, so the
+        hand-over to TensorFlow stays zero-copy."""
+        if self.core.xp is not np:
+            return self.core.xp.stack(columns, axis=1)
+        out = self._pool.empty(len(columns[0]) * len(columns), columns[0].dtype).reshape(len(columns[0]), -1)
+        return np.stack(columns, axis=1, out=out)
+
     def _list(self, col: Any) -> Any:
         if not isinstance(col, cols.Ragged):
             return self._tensor(col)
@@ -143,21 +159,26 @@ class ParquetLoader(_AdapterBase):
 
     def _to_tf(self, batch: cols.Columns) -> tuple[dict[str, Any], tf.Tensor]:
         core = self.core
-        features: dict[str, Any] = {n: self._tensor(batch[n]) for n in core.cat_names}
+        if self.concat_categorical:
+            features: dict[str, Any] = {CATEGORICAL: self._tensor(self._stack([batch[n] for n in core.cat_names]))}
+        else:
+            features = {n: self._tensor(batch[n]) for n in core.cat_names}
         if self.concat_continuous:
-            xp = core.xp
-            features[CONTINUOUS] = self._tensor(xp.stack([batch[n] for n in core.cont_names], axis=1))
+            features[CONTINUOUS] = self._tensor(self._stack([batch[n] for n in core.cont_names]))
         else:
             features.update({n: self._tensor(batch[n]) for n in core.cont_names})
         features.update({n: self._list(batch[n]) for n in core.list_names})
-        labels = core.xp.stack([batch[n] for n in core.label_names], axis=1)
+        labels = self._stack([batch[n] for n in core.label_names])
         return features, self._tensor(labels)
 
     @property
     def element_spec(self) -> tuple[dict[str, Any], tf.TensorSpec]:
         """The ``(features, labels)`` signature of every batch."""
         core = self.core
-        spec: dict[str, Any] = {n: tf.TensorSpec([None], tf.int64, name=n) for n in core.cat_names}
+        if self.concat_categorical:
+            spec: dict[str, Any] = {CATEGORICAL: tf.TensorSpec([None, len(core.cat_names)], tf.int64, name=CATEGORICAL)}
+        else:
+            spec = {n: tf.TensorSpec([None], tf.int64, name=n) for n in core.cat_names}
         if self.concat_continuous:
             spec[CONTINUOUS] = tf.TensorSpec([None, len(core.cont_names)], tf.float32, name=CONTINUOUS)
         else:
@@ -174,7 +195,8 @@ class ParquetLoader(_AdapterBase):
 
     def to_tf_dataset(self) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` over the loader; each pass over it is the loader's next epoch."""
-        return tf.data.Dataset.from_generator(self.__iter__, output_signature=self.element_spec)
+        dataset = tf.data.Dataset.from_generator(self.__iter__, output_signature=self.element_spec)
+        return dataset.prefetch(tf.data.AUTOTUNE)  # hand-over off the training step's critical path
 
     # ----------------------------------------------- Keras data adapter protocol
     def get_tf_dataset(self) -> tf.data.Dataset:

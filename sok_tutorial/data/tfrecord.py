@@ -123,7 +123,8 @@ def tfrecord_dataset(files: Sequence[str | Path], batch_size: int, label_names: 
                      cat_names: Sequence[str] = (), cont_names: Sequence[str] = (), list_names: Sequence[str] = (),
                      slots: Mapping[str, int] | None = None, shuffle_buffer: int = 0, seed: int = 0,
                      hash_buckets: int | Mapping[str, int] | None = None, cont_default: float = 0.0,
-                     drop_remainder: bool = False) -> tf.data.Dataset:
+                     drop_remainder: bool = False, concat_continuous: bool = False,
+                     concat_categorical: bool = False) -> tf.data.Dataset:
     """Read TFRecords the tf.data way: shuffle buffer, batch, vectorised parse, Keras hashing.
 
     Yields ``(features, labels)`` shaped as `ParquetLoader` does: int64 ``[B]`` categoricals,
@@ -132,6 +133,8 @@ def tfrecord_dataset(files: Sequence[str | Path], batch_size: int, label_names: 
     Args:
         hash_buckets: hash categorical columns with ``keras.layers.Hashing`` into this many bins
             (an int, or ``{column: bins}``).
+        concat_continuous, concat_categorical: stack those columns into one ``[B, n]`` tensor
+            named ``"continuous"`` / ``"categorical"``, as `ParquetLoader` does.
     """
     import keras
 
@@ -155,6 +158,10 @@ def tfrecord_dataset(files: Sequence[str | Path], batch_size: int, label_names: 
         labels = tf.stack([tf.cast(parsed.pop(n), tf.float32) for n in label_names], axis=1)
         for name, layer in hashers.items():
             parsed[name] = tf.cast(layer(parsed[name]), tf.int64)
+        if concat_categorical and cat_names:
+            parsed["categorical"] = tf.stack([parsed.pop(n) for n in cat_names], axis=1)
+        if concat_continuous and cont_names:
+            parsed["continuous"] = tf.stack([parsed.pop(n) for n in cont_names], axis=1)
         return parsed, labels
 
     ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)

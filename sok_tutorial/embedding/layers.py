@@ -136,11 +136,10 @@ class _EmbeddingBase(keras.layers.Layer):
         # The read of the table must follow the py_function that initialises new rows. Gather from
         # the tf.Variable (a resource gather, not a snapshot of the whole table), created under an
         # explicit dependency: a distributed variable's read would otherwise be free to run first.
-        # Distinct rows first: the gather, the gradient and the optimizer then touch each row once
-        # (CTR keys repeat a lot within a batch).
-        distinct, position = tf.unique(rows, out_idx=tf.int64)
+        # No forward dedupe: the sparse optimizers merge repeated rows once, and a tf.unique here
+        # (plus the segment sum in its gradient) measured 10-25% slower per step on CPU.
         with tf.control_dependencies([rows]):
-            vectors = tf.gather(tf.gather(self.embedding_variable.value, distinct), position)
+            vectors = tf.gather(self.embedding_variable.value, rows)
         if found is not None:
             vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
         return vectors
@@ -171,18 +170,6 @@ def _spec_from_config(value: Any) -> Any:
         c = value["config"]
         return InitSpec(c["kind"], c["a"], c["b"], c["seed"])
     return value
-
-
-def _dense_bags(keys: tf.Tensor, slot_num: int, layer: str) -> tf.RaggedTensor:
-    """Dense keys ``[batch, slot]`` (one key per slot) or ``[batch, slot, nnz]`` (nnz keys in every
-    slot) as ragged bags. Dense batches split across replicas where ragged ones cannot (Keras'
-    ``fit`` under a tf.distribute strategy needs dense inputs)."""
-    if keys.shape.rank == 2:
-        keys = keys[:, :, None]
-    if keys.shape.rank != 3:
-        raise ValueError(f"{layer}: dense keys must be [batch, slot_num] or [batch, slot_num, nnz], "
-                         f"got shape {keys.shape}")
-    return tf.RaggedTensor.from_tensor(keys, ragged_rank=2)
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -227,7 +214,7 @@ class DistributedEmbedding(_EmbeddingBase):
 
     def call(self, inputs: Any, training: Any = None) -> tf.Tensor:
         if not isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
-            inputs = _dense_bags(tf.convert_to_tensor(inputs), self.slot_num, self.name)
+            return self._call_dense(tf.convert_to_tensor(inputs), training)
         flat, segments, num_bags = flatten_bags(inputs, self.slot_num, max_nnz=self.max_nnz, layer=self.name)
         flat = self._check_keys(flat)
         batch = num_bags // self.slot_num
@@ -237,6 +224,25 @@ class DistributedEmbedding(_EmbeddingBase):
                                                f"max_feature_num={self.max_feature_num}")
         bags = combine(self._vectors(flat, training), segments, num_bags, self.combiner)
         return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
+
+    def _call_dense(self, keys: tf.Tensor, training: Any) -> tf.Tensor:
+        """Every slot holds the same number of keys: bags are a reshape, no segment reduction."""
+        if keys.shape.rank == 2:
+            keys = keys[:, :, None]
+        if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
+            raise ValueError(f"{self.name}: dense keys must be [batch, slot_num={self.slot_num}] or "
+                             f"[batch, slot_num={self.slot_num}, nnz], got shape {keys.shape}")
+        nnz = keys.shape[2]
+        if nnz is not None and (nnz > self.max_nnz or nnz * self.slot_num > self.max_feature_num):
+            raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
+                             f"or max_feature_num={self.max_feature_num} allow")
+        vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training)
+        if nnz == 1:
+            bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
+        else:
+            bags = tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size])
+            bags = tf.reduce_sum(bags, axis=2) if self.combiner == "sum" else tf.reduce_mean(bags, axis=2)
+        return tf.cast(bags, self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         return (input_shape[0], self.slot_num, self.embedding_vec_size)

@@ -86,6 +86,26 @@ def test_sparse_tensor_inputs_in_both_layouts():
     np.testing.assert_allclose(layer(sparse2).numpy(), expected)
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_dense_keys_equal_the_ragged_path(combiner):
+    rng = np.random.default_rng(3)
+    layer = sok.DistributedEmbedding(combiner, 300, 4, slot_num=3, max_nnz=2, use_hashtable=False)
+    one = rng.integers(0, 300, (8, 3)).astype(np.int64)
+    two = rng.integers(0, 300, (8, 3, 2)).astype(np.int64)
+    for dense in (one, two):
+        ragged = tf.RaggedTensor.from_tensor(tf.constant(dense if dense.ndim == 3 else dense[:, :, None]))
+        with tf.GradientTape(persistent=True) as tape:
+            a, b = layer(tf.constant(dense), training=True), layer(ragged, training=True)
+            la, lb = tf.reduce_sum(a * a), tf.reduce_sum(b * b)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+        ga, gb = (tf.convert_to_tensor(tape.gradient(loss, layer.embedding_variable)) for loss in (la, lb))
+        np.testing.assert_allclose(ga.numpy(), gb.numpy(), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="slot_num=3"):
+        layer(tf.constant(rng.integers(0, 300, (8, 4)).astype(np.int64)))
+    with pytest.raises(ValueError, match="max_nnz=2"):
+        layer(tf.constant(rng.integers(0, 300, (8, 3, 5)).astype(np.int64)))
+
+
 def test_dense_layer_equals_gather_and_dynamic_input():
     layer = sok.All2AllDenseEmbedding(1000, 5, slot_num=3, nnz_per_slot=2)
     keys = tf.constant(np.array(EXTREME + [7]).reshape(1, 3, 2), tf.int64)
