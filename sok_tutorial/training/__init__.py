@@ -1,4 +1,4 @@
-"""Training: the `fit` loop, checkpoints, callbacks, model summaries and export for serving."""
+"""Training: the `fit` loop, checkpoints, callbacks, profiling, model summaries and export for serving."""
 from sok_tutorial._lazy import lazy_getattr
 
 _NAMES = {
@@ -10,6 +10,9 @@ _NAMES = {
     "latest_checkpoint": "sok_tutorial.training.checkpoint",
     "CheckpointMismatch": "sok_tutorial.training.checkpoint",
     "ThroughputLogger": "sok_tutorial.training.callbacks",
+    "ProfileSteps": "sok_tutorial.training.profiler",
+    "op_breakdown": "sok_tutorial.training.profiler",
+    "phase_totals": "sok_tutorial.training.profiler",
     "model_summary": "sok_tutorial.training.summary",
     "parameter_report": "sok_tutorial.training.summary",
     "export_model": "sok_tutorial.training.export",

@@ -92,7 +92,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         max_steps, epochs: when to stop (one of them; default one epoch).
         log_interval: steps between logged points (loss mean, samples/s).
         log_dir: TensorBoard logs (scalars ``loss``, ``samples_per_s``, ``eval_auc``, ``eval_loss``).
-        callbacks: Keras callbacks; ``on_train_batch_end(step, logs)`` gets ``loss`` and ``size``.
+        callbacks: Keras callbacks; as in ``model.fit``, ``on_train_batch_end(batch, logs)`` gets the
+            batch's index within the epoch, and `logs` carries ``loss`` and ``size``.
 
     Returns:
         `History`.
@@ -179,7 +180,7 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
             step, position = step + 1, position + 1
             window_loss, window_steps, window_samples = window_loss + value, window_steps + 1, window_samples + size
             for cb in callbacks:
-                cb.on_train_batch_end(step, {"loss": value, "size": size})
+                cb.on_train_batch_end(position - 1, {"loss": value, "size": size})
             bar.update()
             if step % log_interval == 0:
                 log_point()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -20,10 +21,20 @@ def _shape(value: Any) -> str:
     return "?" if shape is None else str(tuple(None if d is None else int(d) for d in shape))
 
 
+def _keras_table_ids(model: Any) -> set[int]:
+    layers = model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else []
+    return {id(v) for layer in layers if isinstance(layer, keras.layers.Embedding) for v in layer.trainable_variables}
+
+
 def parameter_report(model: Any) -> dict[str, int]:
-    """Parameters and bytes of embedding tables vs everything else (trainable variables)."""
-    emb = [v for v in model.trainable_variables if is_embedding_variable(v)]
-    dense = [v for v in model.trainable_variables if not is_embedding_variable(v)]
+    """Parameters and bytes of embedding tables vs everything else (trainable variables).
+
+    Tables are this package's embedding variables and the weights of ``keras.layers.Embedding``
+    layers, so a model built either way reports the same split.
+    """
+    tables = _keras_table_ids(model)
+    emb = [v for v in model.trainable_variables if is_embedding_variable(v) or id(v) in tables]
+    dense = [v for v in model.trainable_variables if not (is_embedding_variable(v) or id(v) in tables)]
 
     def count(vs: list[Any]) -> int:
         return int(sum(int(np.prod(v.shape)) for v in vs))
@@ -52,7 +63,8 @@ def model_summary(model: Any, sample: Any, print_fn: Callable[[str], None] | Non
             out = original(*args, **kwargs)
             if not any(r["layer"] == layer.name for r in rows):
                 params = int(sum(int(np.prod(v.shape)) for v in layer.trainable_variables))
-                kind = "embedding" if any(is_embedding_variable(v) for v in layer.trainable_variables) else "dense"
+                kind = "embedding" if (isinstance(layer, keras.layers.Embedding) or any(
+                    is_embedding_variable(v) for v in layer.trainable_variables)) else "dense"
                 rows.append({"layer": layer.name, "type": type(layer).__name__, "inputs": _shape(args[0] if args else
                              kwargs), "outputs": _shape(out), "parameters": params, "kind": kind})
             return out
