@@ -55,6 +55,19 @@ def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["embedding_parameters"] == p["VOCABULARY_SIZE"] * 4
 
 
+def check_05(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["steps"] == p["STEPS"] and m["batch_size"] == p["BATCH_SIZE"] and m["devices"][0] == "CPU"
+    assert m["accelerated_vs_native"] > 1
+    assert all(v > 0 for v in m["samples_per_s"].values()) and len(m["samples_per_s"]) == 7
+    assert all(0.55 < auc <= m["oracle_auc"] + 0.02 for auc in m["val_auc"].values())
+    assert all(0.2 < loss < 0.7 for loss in m["final_loss"].values())
+    assert m["table_rows"] < m["embedding_parameters"] / 16 + 1 and m["dense_parameters"] > 0
+    for key in ("cpu-native", "cpu-accelerated"):
+        assert m["phases_ms_per_step"][key]["optimizer"] > 0 and m["phases_ms_per_step"][key]["forward"] > 0
+    assert m["phases_ms_per_step"]["cpu-native"]["input"] > 0  # tf.data's threads show in the trace
+    assert len(m["table_size_sweep"]["native"]) == len(p["TABLE_FRACTIONS"])
+
+
 SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "01-synthetic-data-and-parquet": (
         {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
@@ -78,6 +91,12 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
         {"NUM_REPLICAS": 2, "GLOBAL_BATCH_SIZE": 256, "ITERATIONS": 12, "SLOT_NUM": 10, "NNZ_PER_SLOT": 4,
          "VOCABULARY_SIZE": 1000, "NUM_DENSE_LAYERS": 2, "DENSE_UNITS": 64, "LEARNING_RATE": 0.01},
         check_04,
+    ),
+    "05-dlrm-native-vs-accelerated": (
+        {"ROWS": 40_000, "VALID_ROWS": 8192, "NUM_PARTS": 2, "CRITEO_SCALE": 0.001, "BATCH_SIZE": 512, "STEPS": 60,
+         "SPEED_STEPS": 30, "PROFILE_START": 5, "PROFILE_STEPS": 2, "TABLE_FRACTIONS": [0.5, 2.0],
+         "PROGRESS": False},
+        check_05,
     ),
 }
 
