@@ -195,10 +195,12 @@ class CriteoLike:
                 "positive_rate": self.positive_rate, "signal": self.signal, "seed": self.seed}
 
     def schema(self) -> Schema:
+        """Columns; categorical ``key_offset``s place the 26 id ranges back to back in one key space."""
+        offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]]).tolist()
         return Schema([ColumnSchema(LABEL_NAME, "label", "int8")]
                       + [ColumnSchema(n, "continuous", "float32") for n in CONT_NAMES]
-                      + [ColumnSchema(n, "categorical", "int64", cardinality=c)
-                         for n, c in zip(CAT_NAMES, self.cardinalities)])
+                      + [ColumnSchema(n, "categorical", "int64", cardinality=c, key_offset=int(o))
+                         for n, c, o in zip(CAT_NAMES, self.cardinalities, offsets)])
 
 
 def held_out_block(num_rows: int) -> int:
@@ -216,13 +218,15 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
                          zipf_exponent: float = 1.1, positive_rate: float = 0.25, signal: float = 1.0,
                          seed: int = 0, first_block: int = 0, num_parts: int = 1,
                          row_group_size: int = DEFAULT_ROW_GROUP_SIZE, overwrite: bool = False, reuse: bool = False,
-                         progress: bool = True) -> Schema:
+                         keysets: bool = False, progress: bool = True) -> Schema:
     """Generate `num_rows` Criteo-like rows straight into a parquet dataset directory.
 
     Missing continuous values are parquet nulls (read back as NaN by pandas). Rows come from
     blocks ``first_block, first_block + 1, ...`` of the seed's stream of `BLOCK_ROWS`-row blocks:
     a validation set for a training set of ``n`` rows is the same call with
-    ``first_block=held_out_block(n)`` (same planted model, disjoint rows).
+    ``first_block=held_out_block(n)`` (same planted model, disjoint rows). With ``keysets=True``
+    each part gets its keyset beside it (``<part>.keyset``: the unique keys of its 26 categorical
+    columns in the global key space, ``id + key_offset``).
 
     ``schema.json`` records the generator parameters, ``oracle_auc`` (AUC of the true click
     probability on these rows) and ``positive_rate``. With ``reuse=True`` an existing dataset made
@@ -240,7 +244,8 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
     model = CriteoLike(cardinalities, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
                        signal=signal, seed=seed)
     generator = {"name": "criteo_like", "version": GENERATOR_VERSION, "num_rows": num_rows,
-                 "first_block": first_block, "num_parts": num_parts, "row_group_size": row_group_size, **model.params()}
+                 "first_block": first_block, "num_parts": num_parts, "row_group_size": row_group_size,
+                 "keysets": keysets, **model.params()}
     if reuse and (schema := reusable(out_dir, generator)) is not None:
         return schema
     acc = AucAccumulator()
@@ -256,7 +261,8 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
             yield block
 
     writer = DatasetWriter(out_dir, model.schema(), num_parts=num_parts, total_rows=num_rows,
-                           row_group_size=row_group_size, overwrite=overwrite)
+                           row_group_size=row_group_size, overwrite=overwrite,
+                           keyset_columns=CAT_NAMES if keysets else ())
     with writer:
         write_in_background(writer.write, chunks(), total=num_rows, count=lambda b: len(b[LABEL_NAME]),
                             progress=progress, desc=f"criteo-like -> {Path(out_dir).name}")

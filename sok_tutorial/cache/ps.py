@@ -1,0 +1,262 @@
+"""Parameter servers: the full embedding tables, key -> row, outside the model.
+
+A row is a table's vector followed by its optimizer state for that key (Adam's ``m | v``, say),
+float32, ``width`` wide; the training cache decides the layout, the server only stores rows.
+Every call works on whole batches of keys, and `push` is all or nothing.
+
+* `HostMemoryPS`: rows in NumPy arrays, found through the kernels' int64 `HashTable`.
+* `DiskPS`: rows in RocksDB (through ``rocksdict``), one record per key. A `push` is one
+  ``WriteBatch``: RocksDB applies it atomically and logs it to its write-ahead log before
+  returning, so a process killed at any moment reopens with every completed push and no part
+  of an interrupted one.
+
+Why RocksDB rather than LMDB: both are embedded, crash-safe and have maintained Python bindings.
+The training cache writes a whole pass's rows at once and reads them back in random key order;
+RocksDB's log-structured writes absorb those large batches without rewriting B-tree pages,
+while LMDB copies a page per touched key and needs its map size fixed up front (a full map is an
+error mid-write). ``benchmarks/training_cache.py`` measures both on the same rows (``store``
+section of ``build/bench/training_cache.json``).
+
+Example:
+    >>> import numpy as np
+    >>> ps = HostMemoryPS()
+    >>> ps.ensure_table("deep", width=3)
+    >>> ps.push("deep", np.array([7, -2]), np.array([[1, 1, 1], [2, 2, 2]], np.float32))
+    >>> rows, found = ps.pull("deep", np.array([-2, 5]))
+    >>> rows.tolist(), found.tolist()
+    ([[2.0, 2.0, 2.0], [0.0, 0.0, 0.0]], [True, False])
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels import checks
+from kernels.hash_table import HashTable
+
+
+class PSLocked(RuntimeError):
+    """The on-disk store is opened by another process."""
+
+
+def _keys(keys: Any) -> np.ndarray:
+    keys = np.asarray(keys)
+    if keys.dtype.kind not in "iu":
+        raise TypeError(f"keys must be integers, got dtype {keys.dtype}")
+    return keys.astype(np.int64, copy=False).reshape(-1)
+
+
+class ParameterServer:
+    """Tables of float32 rows by int64 key. Subclasses store them; this class checks arguments."""
+
+    def __init__(self) -> None:
+        self.widths: dict[str, int] = {}
+
+    def ensure_table(self, name: str, width: int) -> None:
+        """Declare table `name` with rows `width` floats wide (again: the width must match)."""
+        width = checks.positive_int("width", width)
+        if name in self.widths and self.widths[name] != width:
+            raise ValueError(f"table {name!r} holds rows of width {self.widths[name]}, not {width} (a model or "
+                             "optimizer with other slots than the one that wrote this parameter server?)")
+        if name not in self.widths:
+            self.widths[name] = width
+            self._create(name, width)
+
+    def _width(self, name: str) -> int:
+        if name not in self.widths:
+            raise KeyError(f"no table {name!r} in this parameter server (tables: {sorted(self.widths)})")
+        return self.widths[name]
+
+    def pull(self, name: str, keys: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(rows ``[n, width]``, found ``[n]``) for `keys`; absent keys get zero rows."""
+        width, keys = self._width(name), _keys(keys)
+        rows, found = self._pull(name, keys, width)
+        return rows, found
+
+    def _checked(self, name: str, keys: Any, rows: Any) -> tuple[np.ndarray, np.ndarray]:
+        width, keys = self._width(name), _keys(keys)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        if rows.shape != (len(keys), width):
+            raise ValueError(f"push to {name!r}: rows have shape {rows.shape}, expected ({len(keys)}, {width})")
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError(f"push to {name!r}: keys must be unique")
+        return keys, rows
+
+    def push(self, name: str, keys: Any, rows: Any) -> None:
+        """Insert or overwrite the rows of `keys` (unique), all or nothing."""
+        self.push_tables({name: (keys, rows)})
+
+    def push_tables(self, updates: dict[str, tuple[Any, Any]]) -> None:
+        """Push several tables at once: ``{name: (keys, rows)}``, all or nothing across tables."""
+        checked = {name: self._checked(name, keys, rows) for name, (keys, rows) in updates.items()}
+        self._push_all(checked)
+
+    def keys(self, name: str) -> np.ndarray:
+        """Every key of table `name`, sorted."""
+        self._width(name)
+        return np.sort(self._all_keys(name))
+
+    def size(self, name: str) -> int:
+        return len(self.keys(name))
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ParameterServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # subclasses
+    def _create(self, name: str, width: int) -> None:
+        raise NotImplementedError
+
+    def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        raise NotImplementedError
+
+    def _all_keys(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+
+class HostMemoryPS(ParameterServer):
+    """Tables in host memory: a `HashTable` from key to slot, rows in a growing NumPy array."""
+
+    def __init__(self, initial_rows: int = 1 << 16):
+        super().__init__()
+        self.initial_rows = checks.positive_int("initial_rows", initial_rows)
+        self._index: dict[str, HashTable] = {}
+        self._rows: dict[str, np.ndarray] = {}
+
+    def _create(self, name: str, width: int) -> None:
+        self._index[name] = HashTable(2 * self.initial_rows)
+        self._rows[name] = np.zeros((self.initial_rows, width), np.float32)
+
+    def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        slots = self._index[name].lookup(keys)
+        found = slots >= 0
+        rows = np.zeros((len(keys), width), np.float32)
+        rows[found] = self._rows[name][slots[found]]
+        return rows, found
+
+    def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        for name, (keys, rows) in updates.items():
+            self._push_one(name, keys, rows)
+
+    def _push_one(self, name: str, keys: np.ndarray, rows: np.ndarray) -> None:
+        index = self._index[name]
+        needed = len(index) + len(keys)  # at most: grow first, so nothing below can fail half-way
+        store = self._rows[name]
+        if needed > len(store):
+            grown = np.zeros((max(needed, 2 * len(store)), store.shape[1]), np.float32)
+            grown[:len(store)] = store
+            self._rows[name] = store = grown
+        slots = index.lookup_or_insert(keys)
+        store[slots] = rows
+
+    def _all_keys(self, name: str) -> np.ndarray:
+        return np.asarray(self._index[name].keys())
+
+    def nbytes(self) -> int:
+        return int(sum(r[: len(self._index[n])].nbytes for n, r in self._rows.items()))
+
+
+class DiskPS(ParameterServer):
+    """Tables in a RocksDB directory: record key = table id + big-endian int64, value = the row.
+
+    Args:
+        path: the store's directory (created if missing; reopened with its tables if present).
+        sync: fsync the write-ahead log on every push (survives power loss, not only a crash of
+            this process; slower).
+    """
+
+    _META = b"\x00meta"
+
+    def __init__(self, path: str | os.PathLike, *, sync: bool = False):
+        super().__init__()
+        from rocksdict import Options, Rdict, WriteOptions
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        try:
+            self._db = Rdict(str(self.path), options)
+        except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status
+            if "lock" in str(exc).lower():
+                raise PSLocked(f"DiskPS path={str(self.path)!r} is locked: another process (or another DiskPS in "
+                               f"this one) has it open; close that one first ({exc})") from exc
+            raise
+        self._write_options = WriteOptions()
+        self._write_options.sync = bool(sync)
+        meta = self._db.get(self._META)
+        self._tables: dict[str, int] = {}
+        if meta is not None:
+            for name, (table_id, width) in json.loads(meta.decode()).items():
+                self._tables[name], self.widths[name] = table_id, width
+
+    def _prefix(self, name: str) -> bytes:
+        return b"t" + self._tables[name].to_bytes(2, "big")
+
+    def _record_keys(self, name: str, keys: np.ndarray) -> list[bytes]:
+        raw, prefix = keys.astype(">i8").tobytes(), self._prefix(name)
+        return [prefix + raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+    def _create(self, name: str, width: int) -> None:
+        self._tables[name] = len(self._tables)
+        meta = {n: (self._tables[n], self.widths[n]) for n in self._tables}
+        self._db.put(self._META, json.dumps(meta).encode(), self._write_options)
+
+    def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        values = self._db[self._record_keys(name, keys)] if len(keys) else []
+        found = np.array([v is not None for v in values], dtype=bool)
+        rows = np.zeros((len(keys), width), np.float32)
+        if found.any():
+            rows[found] = np.frombuffer(b"".join(v for v in values if v is not None), np.float32).reshape(-1, width)
+        return rows, found
+
+    def _batch(self, name: str, keys: np.ndarray, rows: np.ndarray, batch: Any) -> None:
+        data = rows.tobytes()
+        step = rows.shape[1] * 4
+        for i, record in enumerate(self._record_keys(name, keys)):
+            batch.put(record, data[i * step:(i + 1) * step])
+
+    def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """All tables' rows in one atomic ``WriteBatch``."""
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for name, (keys, rows) in updates.items():
+            self._batch(name, keys, rows, batch)
+        self._write(batch)
+
+    def _write(self, batch: Any) -> None:
+        try:
+            self._db.write(batch, self._write_options)
+        except Exception as exc:
+            text = str(exc)
+            if "No space" in text or "ENOSPC" in text:
+                raise OSError(errno.ENOSPC, f"DiskPS {str(self.path)!r}: disk full; the push was not applied "
+                              f"(RocksDB: {text})") from exc
+            raise
+
+    def _all_keys(self, name: str) -> np.ndarray:
+        prefix, out = self._prefix(name), []
+        for key in self._db.keys(from_key=prefix):
+            if not key.startswith(prefix):
+                break
+            out.append(key[3:])
+        return np.frombuffer(b"".join(out), ">i8").astype(np.int64) if out else np.zeros(0, np.int64)
+
+    def close(self) -> None:
+        if getattr(self, "_db", None) is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,354 @@
+"""`EmbeddingTrainingCache`: train tables far larger than the device, one data file at a time.
+
+HugeCTR's Embedding Training Cache, on Keras: the full tables (vectors and optimizer state)
+live in a parameter server (`HostMemoryPS` or `DiskPS`); the model's embedding layers hold only
+``device_capacity_rows`` rows. Before a pass over a data file, `update` pulls the rows of that
+file's keyset (new keys get the layer's key-seeded initial vectors and zero optimizer state)
+into rows ``0 .. n-1`` of every table and its slots, and `remap` (or the loader transform from
+`transform`) turns the file's keys into those rows. After the pass, `write_back` pushes the rows
+back, all tables in one atomic push.
+
+Because a key's initial vector depends only on the key, and the sparse optimizers update only
+touched rows with the optimizer's global step, training through the cache gives the same losses
+and the same final table as training the whole table in memory (tested).
+
+Example:
+    >>> import numpy as np, keras, tensorflow as tf
+    >>> import sok_tutorial as sok
+    >>> from sok_tutorial.cache import EmbeddingTrainingCache, HostMemoryPS
+    >>> model = keras.Sequential([keras.Input((2,), dtype="int64"),
+    ...     sok.DistributedEmbedding("sum", 4, 3, slot_num=2, max_nnz=1, use_hashtable=False, name="table"),
+    ...     keras.layers.Flatten(), keras.layers.Dense(1)])
+    >>> model.compile(sok.optimizers.Adam(0.01), "mse")
+    >>> cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=4)
+    >>> cache.update(np.array([10**12, 7, 42]))  # this file's keyset: rows in key order
+    >>> rows = cache.remap(np.array([[42, 7], [10**12, 42]]))
+    >>> rows.tolist()
+    [[1, 0], [2, 1]]
+    >>> _ = model.fit(rows, np.ones((2, 1)), verbose=0)
+    >>> cache.write_back()
+    >>> sorted(cache.get_incremental_model()["table"][0].tolist())
+    [7, 42, 1000000000000]
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from kernels import checks
+from sok_tutorial.atomic import atomic_directory, write_file
+from sok_tutorial.cache.ps import ParameterServer
+from sok_tutorial.data.keyset import keyset_path, read_keyset
+from sok_tutorial.data.transforms import Transform
+from sok_tutorial.embedding.layers import _EmbeddingBase
+from sok_tutorial.embedding.vocabulary import keyed_initial_values
+from sok_tutorial.optimizers import _slot_prefix, _tf
+
+LATEST = "LATEST"
+
+
+class KeysetRemap(Transform):
+    """Loader transform: per-column ids + the column's key offset -> rows of the cache's keyset."""
+
+    def __init__(self, cache: EmbeddingTrainingCache, offsets: Mapping[str, int]):
+        super().__init__(list(offsets))
+        self.cache, self.offsets = cache, {c: int(o) for c, o in offsets.items()}
+
+    def transform(self, values: Any, column: str) -> Any:
+        return self.cache.remap(np.asarray(values, dtype=np.int64) + self.offsets[column])
+
+
+class EmbeddingTrainingCache:
+    """Keep a model's embedding tables in a parameter server and train them file by file.
+
+    Args:
+        model: a compiled Keras model whose tables are this package's embedding layers with
+            ``use_hashtable=False`` (rows addressed directly) of at least
+            ``device_capacity_rows`` rows. Each layer is one table of the server, named after it.
+        ps: a `HostMemoryPS` or `DiskPS`.
+        device_capacity_rows: most keys one pass may hold on the device.
+        train_from_scratch: start from empty tables (the server must not hold rows of them yet);
+            ``False`` continues from `dest_sparse_models` (saved by `save_params_to_files`) or,
+            without it, from the rows the server already holds.
+        dest_sparse_models: the directory `save_params_to_files` writes by default and
+            ``train_from_scratch=False`` loads.
+        optimizer: defaults to ``model.optimizer``; built here if it is not yet.
+    """
+
+    def __init__(self, model: Any, ps: ParameterServer, device_capacity_rows: int, *, train_from_scratch: bool = True,
+                 dest_sparse_models: str | Path | None = None, optimizer: Any = None):
+        self.model, self.ps = model, ps
+        self.capacity = checks.positive_int("device_capacity_rows", device_capacity_rows)
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if self.optimizer is None:
+            raise ValueError("EmbeddingTrainingCache needs an optimizer: compile the model first or pass optimizer=")
+        self.dest = None if dest_sparse_models is None else Path(dest_sparse_models)
+        self.layers = [layer for layer in model._flatten_layers(include_self=False)
+                       if isinstance(layer, _EmbeddingBase)]
+        if not self.layers:
+            raise ValueError("the model has no embedding layers of sok_tutorial (DistributedEmbedding, "
+                             "All2AllDenseEmbedding) for the cache to manage")
+        for layer in self.layers:
+            if layer.use_hashtable:
+                raise ValueError(f"layer {layer.name!r} has use_hashtable=True; the cache assigns rows itself: "
+                                 "build it with use_hashtable=False")
+            if not layer.built:
+                raise ValueError(f"layer {layer.name!r} is not built: call the model on a batch first")
+            if layer.max_vocabulary_size_per_gpu < self.capacity:
+                raise ValueError(f"device_capacity_rows={self.capacity} is more than layer {layer.name!r} holds "
+                                 f"({layer.max_vocabulary_size_per_gpu} rows)")
+        if not self.optimizer.built:
+            self.optimizer.build(model.trainable_variables)
+        self.slots = {layer.name: self._slots_of(layer.embedding_variable) for layer in self.layers}
+        self.widths = {layer.name: layer.embedding_vec_size + sum(w for _, w in self.slots[layer.name])
+                       for layer in self.layers}
+        for name, width in self.widths.items():
+            ps.ensure_table(name, width)
+        if train_from_scratch:
+            held = {name: ps.size(name) for name in self.widths if ps.size(name)}
+            if held:
+                raise ValueError(f"train_from_scratch=True but the parameter server already holds rows {held}; "
+                                 "pass train_from_scratch=False to continue from them, or use a new store")
+        elif self.dest is not None:
+            self.load_params_from_files(self.dest)
+        self._keys: np.ndarray | None = None
+        self._before: dict[str, np.ndarray] = {}
+        self._updated: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}
+        self.history: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------------ layout
+    def _slots_of(self, variable: Any) -> list[tuple[Any, int]]:
+        prefix, rows = _slot_prefix(variable), int(variable.shape[0])
+        found = [v for v in self.optimizer.variables
+                 if v.name.startswith(prefix) and len(v.shape) >= 1 and int(v.shape[0]) == rows]
+        return [(v, int(np.prod(v.shape[1:]))) for v in found]
+
+    def _read(self, layer: Any, n: int) -> np.ndarray:
+        parts = [_tf(layer.embedding_variable)[:n].numpy()]
+        parts += [tf.reshape(_tf(v)[:n], [n, -1]).numpy() for v, _ in self.slots[layer.name]]
+        return np.concatenate(parts, axis=1).astype(np.float32, copy=False)
+
+    def _write(self, layer: Any, rows: np.ndarray) -> None:
+        n, dim = len(rows), layer.embedding_vec_size
+        _tf(layer.embedding_variable)[:n].assign(rows[:, :dim])
+        start = dim
+        for variable, width in self.slots[layer.name]:
+            _tf(variable)[:n].assign(rows[:, start:start + width].reshape([n, *variable.shape[1:]]))
+            start += width
+
+    # ------------------------------------------------------------------ passes
+    @property
+    def active(self) -> bool:
+        return self._keys is not None
+
+    def update(self, keyset: Any) -> None:
+        """Load the rows of `keyset` (an int64 array or a keyset file) into the device tables."""
+        if self.active:
+            raise RuntimeError("a pass is active: call write_back() before update() loads the next keyset")
+        keys = self._keyset(keyset)
+        if len(keys) > self.capacity:
+            raise ValueError(f"the keyset holds {len(keys):,} keys but device_capacity_rows={self.capacity:,}: "
+                             "split the file, or give the layers and the cache more rows")
+        start = time.perf_counter()
+        for layer in self.layers:
+            rows, found = self.ps.pull(layer.name, keys)
+            if not found.all():
+                rows[~found, :layer.embedding_vec_size] = keyed_initial_values(keys[~found], layer.embedding_vec_size,
+                                                                               layer.init)
+            self._write(layer, rows)
+            self._before[layer.name] = rows
+        self._keys = keys
+        self.history.append({"keys": len(keys), "pull_s": time.perf_counter() - start, "write_back_s": 0.0})
+
+    def _keyset(self, keyset: Any) -> np.ndarray:
+        if isinstance(keyset, (str, Path)):
+            path = Path(keyset)
+            if not path.exists():
+                raise FileNotFoundError(f"keyset={str(path)!r} does not exist (write it with "
+                                        "data_gen.keysets.write_keysets or sok_tutorial.data.keyset.write_keyset)")
+            keyset = read_keyset(path)
+        keys = np.asarray(keyset)
+        if keys.dtype.kind not in "iu":
+            raise TypeError(f"keyset must hold integer keys, got dtype {keys.dtype}")
+        return np.unique(keys.astype(np.int64).reshape(-1))
+
+    def remap(self, keys: Any) -> np.ndarray:
+        """Rows of `keys` (any shape) in the active keyset; keys outside it are an error."""
+        if not self.active:
+            raise RuntimeError("no active pass: call update(keyset) first")
+        keys = np.asarray(keys, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        bad = self._keys[pos] != keys
+        if bad.any():
+            missing = np.unique(keys[bad])
+            raise KeyError(f"{len(missing)} keys are not in the active keyset (e.g. {missing[:5].tolist()}): is the "
+                           "keyset from another dataset, or are the key offsets of the columns wrong?")
+        return pos
+
+    def transform(self, offsets: Mapping[str, int]) -> KeysetRemap:
+        """A `ParquetLoader` transform mapping ``{column: key offset}`` columns through `remap`."""
+        return KeysetRemap(self, offsets)
+
+    def _sync(self) -> None:
+        start, n = time.perf_counter(), len(self._keys)
+        updates = {}
+        for layer in self.layers:
+            rows = self._read(layer, n)
+            changed = (rows[:, :layer.embedding_vec_size] != self._before[layer.name][:, :layer.embedding_vec_size])
+            self._updated[layer.name].append(self._keys[changed.any(axis=1)])
+            updates[layer.name] = (self._keys, rows)
+        self.ps.push_tables(updates)  # all tables or none
+        self._before = {name: rows for name, (_, rows) in updates.items()}
+        self.history[-1]["write_back_s"] += time.perf_counter() - start
+
+    def write_back(self) -> None:
+        """Push the active pass's rows (vectors and optimizer state) to the server; end the pass."""
+        if not self.active:
+            raise RuntimeError("no active pass to write back: call update(keyset) first")
+        self._sync()
+        self._keys, self._before = None, {}
+
+    def discard(self) -> None:
+        """End the active pass without writing it back (after an evaluation-only pass)."""
+        self._keys, self._before = None, {}
+
+    def get_incremental_model(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call."""
+        if self.active:
+            self._sync()
+        out = {}
+        for layer in self.layers:
+            keys = np.unique(np.concatenate(self._updated[layer.name])) if self._updated[layer.name] else \
+                np.zeros(0, np.int64)
+            rows, _ = self.ps.pull(layer.name, keys)
+            out[layer.name] = (keys, rows[:, :layer.embedding_vec_size].copy())
+            self._updated[layer.name] = []
+        return out
+
+    # ------------------------------------------------------------------ high-level API
+    def fit(self, passes: Sequence[tuple[Any, Any]], *, batch_size: int, label_names: Sequence[str],
+            cat_names: Sequence[str], cont_names: Sequence[str] = (), key_offsets: Mapping[str, int] | None = None,
+            epochs: int = 1, eval_pass: tuple[Any, Any] | None = None, callbacks: Sequence[Any] = (),
+            **loader_kwargs: Any) -> list[dict[str, Any]]:
+        """Train over ``[(files, keyset), ...]``: update, ``model.fit`` over the files, write back.
+
+        ``keyset=None`` reads the keysets written beside the files. ``key_offsets`` maps each
+        categorical column to its offset in the global key space (default: 0). With `eval_pass`,
+        ``model.evaluate`` runs on it after every pass. Returns one record per pass.
+        """
+        from sok_tutorial.data import ParquetLoader
+
+        offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
+        records = []
+        for files, keyset in passes:
+            self.update(self._keyset_of(files, keyset))
+            loader = ParquetLoader(files, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
+                                   transforms=[self.transform(offsets)], **loader_kwargs)
+            start = time.perf_counter()
+            logs = self.model.fit(loader, epochs=epochs, verbose=0, callbacks=list(callbacks)).history
+            train_s = time.perf_counter() - start
+            self.write_back()
+            record = {**self.history[-1], "train_s": train_s, "loss": logs["loss"][-1],
+                      "samples": loader.core.num_rows * epochs if hasattr(loader.core, "num_rows") else None}
+            if eval_pass is not None:
+                record.update({f"eval_{k}": v for k, v in self.evaluate(*eval_pass, batch_size=batch_size,
+                              label_names=label_names, cat_names=cat_names, cont_names=cont_names,
+                              key_offsets=offsets, **loader_kwargs).items()})
+            self.history[-1].update(record)
+            records.append(record)
+        return records
+
+    def evaluate(self, files: Any, keyset: Any = None, *, batch_size: int, label_names: Sequence[str],
+                 cat_names: Sequence[str], cont_names: Sequence[str] = (), key_offsets: Mapping[str, int] | None = None,
+                 **loader_kwargs: Any) -> dict[str, float]:
+        """``model.evaluate`` on `files` with the rows of their keyset; nothing is written back."""
+        from sok_tutorial.data import ParquetLoader
+
+        offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
+        self.update(self._keyset_of(files, keyset))
+        try:
+            loader = ParquetLoader(files, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
+                                   transforms=[self.transform(offsets)], **{**loader_kwargs, "shuffle": False})
+            return {k: float(v) for k, v in self.model.evaluate(loader, verbose=0, return_dict=True).items()}
+        finally:
+            self.discard()
+            self.history.pop()
+
+    @staticmethod
+    def _keyset_of(files: Any, keyset: Any) -> Any:
+        if keyset is not None:
+            return keyset
+        from sok_tutorial.data.schema import resolve_files
+
+        paths = [keyset_path(f) for f in resolve_files(files)]
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"no keyset beside the data files: {missing[:3]} (write them with "
+                                    "data_gen.keysets.write_keysets)")
+        return np.concatenate([read_keyset(p) for p in paths])
+
+    # ------------------------------------------------------------------ save / load
+    def _dense_variables(self) -> dict[str, Any]:
+        tables = {id(layer.embedding_variable) for layer in self.layers}
+        slots = {id(v) for pairs in self.slots.values() for v, _ in pairs}
+        out = {f"model/{v.path}": v for v in self.model.variables if id(v) not in tables}
+        out |= {f"optimizer/{v.name}": v for v in self.optimizer.variables if id(v) not in slots}
+        return out
+
+    def save_params_to_files(self, directory: str | Path | None = None) -> Path:
+        """Write dense weights, every table row and its optimizer state under `directory`.
+
+        Each save is a new ``params-NNNNNN`` folder, complete before ``LATEST`` names it (both
+        atomic), so a crash at any moment leaves the previous save loadable. Keeps the last two.
+        """
+        root = Path(directory) if directory is not None else self.dest
+        if root is None:
+            raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
+        if self.active:
+            self._sync()
+        root.mkdir(parents=True, exist_ok=True)
+        done = sorted(p.name for p in root.glob("params-[0-9]*") if p.is_dir())
+        name = f"params-{int(done[-1].split('-')[1]) + 1 if done else 0:06d}"
+        with atomic_directory(root / name, overwrite=False, arg="directory") as tmp:
+            dense = self._dense_variables()
+            np.savez(tmp / "dense.npz", **{k: np.asarray(v.numpy()) for k, v in dense.items()})
+            for layer in self.layers:
+                keys = self.ps.keys(layer.name)
+                rows, _ = self.ps.pull(layer.name, keys)
+                np.save(tmp / f"{layer.name}.keys.npy", keys)
+                np.save(tmp / f"{layer.name}.rows.npy", rows)
+            (tmp / "meta.json").write_text(json.dumps({"widths": self.widths, "dims": {
+                layer.name: layer.embedding_vec_size for layer in self.layers}}, indent=2, sort_keys=True))
+        write_file(root / LATEST, name)
+        for old in done[:-1]:
+            import shutil
+
+            shutil.rmtree(root / old, ignore_errors=True)
+        return root / name
+
+    def load_params_from_files(self, directory: str | Path) -> Path:
+        """Load the save `LATEST` names: dense weights into the model, rows into the server."""
+        root = Path(directory)
+        if not (root / LATEST).exists():
+            raise FileNotFoundError(f"directory={str(root)!r} holds no saved parameters ({LATEST} is missing)")
+        folder = root / (root / LATEST).read_text().strip()
+        meta = json.loads((folder / "meta.json").read_text())
+        if meta["widths"] != self.widths:
+            raise ValueError(f"saved tables {meta['widths']} do not match this model and optimizer {self.widths}")
+        dense = self._dense_variables()
+        with np.load(folder / "dense.npz") as saved:
+            missing = sorted(set(dense) - set(saved.files))
+            if missing:
+                raise ValueError(f"the save in {str(folder)!r} lacks variables {missing[:5]}")
+            for key, variable in dense.items():
+                variable.assign(saved[key])
+        self.ps.push_tables({layer.name: (np.load(folder / f"{layer.name}.keys.npy"),
+                                          np.load(folder / f"{layer.name}.rows.npy")) for layer in self.layers})
+        return folder
+

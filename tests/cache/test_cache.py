@@ -1,0 +1,274 @@
+"""The embedding training cache: equal to in-memory training, incremental models, crash safety,
+clear errors."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+pytest.importorskip("rocksdict")
+
+import sok_tutorial as sok  # noqa: E402
+from data_gen.criteo import CAT_NAMES, write_criteo_parquet  # noqa: E402
+from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache, HostMemoryPS, PSLocked  # noqa: E402
+from sok_tutorial.data import ParquetLoader  # noqa: E402
+from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
+from sok_tutorial.data.schema import Schema  # noqa: E402
+from sok_tutorial.data.transforms import Transform  # noqa: E402
+
+CARDS = [4000 + 100 * i for i in range(26)]
+VOCAB = sum(CARDS)
+CAPACITY = VOCAB // 10
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class AddOffsets(Transform):
+    """Per-column ids -> global keys (what the in-memory model is indexed by)."""
+
+    def __init__(self, offsets):
+        super().__init__(list(offsets))
+        self.offsets = offsets
+
+    def transform(self, values, column):
+        return values + self.offsets[column]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    out = tmp_path_factory.mktemp("etc") / "criteo"
+    write_criteo_parquet(out, 4 * 600, cardinalities=CARDS, num_parts=4, keysets=True, progress=False)
+    schema = Schema.load(out)
+    offsets = {c.name: c.key_offset for c in schema.columns if c.name in CAT_NAMES}
+    files = sorted(out.glob("*.parquet"))
+    return files, offsets
+
+
+def build(rows: int, optimizer) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    cat = keras.Input((26,), dtype="int64", name="categorical")
+    deep = sok.DistributedEmbedding("sum", rows, 4, slot_num=26, max_nnz=1, use_hashtable=False, name="deep")(cat)
+    wide = sok.DistributedEmbedding("sum", rows, 1, slot_num=26, max_nnz=1, use_hashtable=False, name="wide")(cat)
+    hidden = keras.layers.Dense(8, activation="relu", name="hidden")(keras.layers.Flatten()(deep))
+    logit = keras.layers.Add()([keras.layers.Dense(1, name="out")(hidden), keras.ops.sum(wide, axis=1)])
+    model = keras.Model({"categorical": cat}, logit)
+    model.compile(optimizer, keras.losses.BinaryCrossentropy(from_logits=True))
+    model({"categorical": tf.zeros([1, 26], tf.int64)})
+    return model
+
+
+def loader(files, transform):
+    return ParquetLoader(files, 100, ["label"], cat_names=CAT_NAMES, concat_categorical=True, seed=3,
+                         transforms=[transform])
+
+
+OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "lazy_adam": lambda: sok.optimizers.LazyAdam(0.01),
+              "sgd_momentum": lambda: sok.optimizers.SGD(0.05, momentum=0.9)}
+
+
+@pytest.mark.parametrize("store,opt", [("host", "adam"), ("disk", "lazy_adam"), ("host", "sgd_momentum")])
+def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, opt):
+    files, offsets = data
+    reference = build(VOCAB, OPTIMIZERS[opt]())
+    cached = build(CAPACITY, OPTIMIZERS[opt]())
+    for name in ("hidden", "out"):
+        cached.get_layer(name).set_weights(reference.get_layer(name).get_weights())
+    ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
+    cache = EmbeddingTrainingCache(cached, ps, device_capacity_rows=CAPACITY)
+    ref_losses, cache_losses = [], []
+    for epoch in range(2):
+        for f in files:  # one pass per file, the cache's unit of work
+            for features, labels in loader([f], AddOffsets(offsets)):
+                ref_losses.append(float(reference.train_on_batch(features, labels)))
+            keys = read_keyset(keyset_path(f))
+            assert len(keys) <= CAPACITY
+            cache.update(keyset_path(f))
+            for features, labels in loader([f], cache.transform(offsets)):
+                cache_losses.append(float(cached.train_on_batch(features, labels)))
+            cache.write_back()
+    np.testing.assert_allclose(cache_losses, ref_losses, rtol=2e-5, atol=1e-6)
+    for layer in ("deep", "wide"):
+        keys = ps.keys(layer)
+        assert len(keys) == len(np.unique(np.concatenate([read_keyset(keyset_path(f)) for f in files])))
+        rows, found = ps.pull(layer, keys)
+        assert found.all()
+        dim = reference.get_layer(layer).embedding_vec_size
+        np.testing.assert_allclose(rows[:, :dim], reference.get_layer(layer).embedding_variable.numpy()[keys],
+                                   rtol=1e-5, atol=1e-6)
+        slots = cache.slots[layer]
+        ref_slot = [v for v in reference.optimizer.variables if v.name.startswith(f"{layer}_")
+                    and v.shape[0] == VOCAB]
+        assert len(slots) == len(ref_slot) == 1
+        np.testing.assert_allclose(rows[:, dim:], ref_slot[0].numpy()[keys].reshape(len(keys), -1),
+                                   rtol=1e-5, atol=1e-6)
+    ps.close()
+
+
+def test_incremental_model_and_save_load(data, tmp_path):
+    files, offsets = data
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=CAPACITY)
+    records = cache.fit([([files[0]], None), ([files[1]], None)], batch_size=100, label_names=["label"],
+                        cat_names=CAT_NAMES, key_offsets=offsets, concat_categorical=True,
+                        eval_pass=([files[2]], None))
+    assert len(records) == 2 and all(r["pull_s"] >= 0 and r["write_back_s"] > 0 for r in records)
+    assert all(0.3 < r["eval_loss"] < 0.8 for r in records)
+    increment = cache.get_incremental_model()
+    seen = np.unique(np.concatenate([read_keyset(keyset_path(f)) for f in files[:2]]))
+    for layer, (keys, vectors) in increment.items():
+        assert set(keys) <= set(seen) and len(keys) > 0.9 * len(seen)  # a vector untouched by any gradient is rare
+        rows, found = cache.ps.pull(layer, keys)
+        assert found.all()
+        np.testing.assert_array_equal(vectors, rows[:, :vectors.shape[1]])
+    assert all(len(k) == 0 for k, _ in cache.get_incremental_model().values())  # nothing new since
+    assert len(cache.ps.keys("deep")) == len(seen)  # the evaluation pass wrote nothing back
+
+    saved = cache.save_params_to_files(tmp_path / "params")
+    assert (tmp_path / "params" / "LATEST").read_text().strip() == saved.name
+    fresh_model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    fresh = EmbeddingTrainingCache(fresh_model, HostMemoryPS(), device_capacity_rows=CAPACITY,
+                                   train_from_scratch=False, dest_sparse_models=tmp_path / "params")
+    for layer in ("deep", "wide"):
+        np.testing.assert_array_equal(fresh.ps.keys(layer), cache.ps.keys(layer))
+        np.testing.assert_array_equal(fresh.ps.pull(layer, seen)[0], cache.ps.pull(layer, seen)[0])
+    for a, b in zip(fresh_model.get_layer("hidden").get_weights(), model.get_layer("hidden").get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert int(fresh_model.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+
+
+def test_bad_input_is_named(data, tmp_path):
+    files, offsets = data
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    with pytest.raises(ValueError, match="device_capacity_rows"):
+        EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=CAPACITY + 1)
+    cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=100)
+    with pytest.raises(ValueError, match=r"keyset holds [\d,]+ keys but device_capacity_rows=100"):
+        cache.update(keyset_path(files[0]))
+    with pytest.raises(FileNotFoundError, match="keyset="):
+        cache.update(tmp_path / "nope.keyset")
+    cache = EmbeddingTrainingCache(build(CAPACITY, sok.optimizers.Adam(0.01)), HostMemoryPS(),
+                                   device_capacity_rows=CAPACITY)
+    cache.update(np.arange(10))  # a keyset of another dataset
+    with pytest.raises(KeyError, match="not in the active keyset"):
+        next(iter(loader([files[0]], cache.transform(offsets))))
+    with pytest.raises(RuntimeError, match="write_back"):
+        cache.update(np.arange(5))
+    with pytest.raises(FileNotFoundError, match="LATEST"):
+        cache.load_params_from_files(tmp_path)
+    first = DiskPS(tmp_path / "locked")
+    with pytest.raises(PSLocked, match="locked"):
+        DiskPS(tmp_path / "locked")
+    first.close()
+
+
+def test_disk_full_during_write_back_commits_nothing(tmp_path):
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    ps = DiskPS(tmp_path / "ps")
+    cache = EmbeddingTrainingCache(model, ps, device_capacity_rows=CAPACITY)
+    cache.update(np.arange(50))
+    model.train_on_batch({"categorical": tf.constant(np.arange(26)[None])}, tf.ones([1, 1]))
+    cache.write_back()
+    before = {layer: ps.pull(layer, np.arange(60))[0] for layer in ("deep", "wide")}
+    cache.update(np.arange(60))
+    model.train_on_batch({"categorical": tf.constant(np.arange(30, 56)[None])}, tf.ones([1, 1]))
+
+    class Full:
+        def __init__(self, db):
+            self.db = db
+
+        def write(self, *args):
+            raise Exception("IO error: No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    real, ps._db = ps._db, Full(ps._db)
+    with pytest.raises(OSError, match="disk full") as info:
+        cache.write_back()
+    assert info.value.errno == errno.ENOSPC
+    ps._db = real
+    for layer, rows in before.items():
+        np.testing.assert_array_equal(ps.pull(layer, np.arange(60))[0], rows)  # nothing half-written
+    cache.write_back()  # the pass is still active: retry once there is room
+    assert len(ps.keys("deep")) == 60
+    ps.close()
+
+
+def _child(code: str, tmp_path: Path) -> subprocess.Popen:
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(code))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, cwd=str(tmp_path))
+
+
+def _kill_after(proc: subprocess.Popen, marker: str, delay: float) -> list[str]:
+    lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        assert line, "the child exited early"
+        lines.append(line.strip())
+        if line.startswith(marker):
+            break
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    lines += [line.strip() for line in proc.stdout.read().splitlines()]
+    proc.wait(30)
+    return lines
+
+
+@pytest.mark.slow
+def test_sigkill_during_disk_write_back_keeps_every_completed_pass(tmp_path):
+    proc = _child(f"""
+        import numpy as np
+        from sok_tutorial.cache import DiskPS
+        ps = DiskPS({str(tmp_path / 'ps')!r})
+        ps.ensure_table("deep", 17); ps.ensure_table("wide", 3)
+        keys = np.arange(200_000, dtype=np.int64)
+        for step in range(1, 10_000):
+            ps.push_tables({{"deep": (keys, np.full((len(keys), 17), step, np.float32)),
+                            "wide": (keys, np.full((len(keys), 3), step, np.float32))}})
+            print("pushed", step, flush=True)
+    """, tmp_path)
+    lines = _kill_after(proc, "pushed 2", 0.3)
+    done = max(int(line.split()[1]) for line in lines if line.startswith("pushed"))
+    with DiskPS(tmp_path / "ps") as ps:  # reopens: the lock died with the process
+        values = {layer: ps.pull(layer, np.arange(200_000))[0] for layer in ("deep", "wide")}
+    seen = {float(v) for rows in values.values() for v in np.unique(rows)}
+    assert len(seen) == 1, f"a push was applied in part: values {sorted(seen)[:5]}"
+    assert seen.pop() in (done, done + 1)  # every completed push, and none or all of the next
+
+
+@pytest.mark.slow
+def test_sigkill_during_save_leaves_the_last_save_loadable(tmp_path):
+    proc = _child(f"""
+        import numpy as np, keras
+        import sok_tutorial as sok
+        from sok_tutorial.cache import EmbeddingTrainingCache, HostMemoryPS
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_cache import build, CAPACITY
+        model = build(CAPACITY, sok.optimizers.Adam(0.01))
+        cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=CAPACITY)
+        cache.update(np.arange(CAPACITY)); cache.write_back()
+        for i in range(10_000):
+            model.get_layer("out").kernel.assign(np.full((8, 1), i, np.float32))
+            cache.save_params_to_files({str(tmp_path / 'params')!r})
+            print("saved", i, flush=True)
+    """, tmp_path)
+    lines = _kill_after(proc, "saved 1", 0.2)
+    done = max(int(line.split()[1]) for line in lines if line.startswith("saved"))
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=CAPACITY, train_from_scratch=False,
+                                   dest_sparse_models=tmp_path / "params")
+    assert float(model.get_layer("out").kernel.numpy()[0, 0]) in (done, done + 1)
+    assert len(cache.ps.keys("deep")) == CAPACITY
