@@ -10,12 +10,16 @@ Every call works on whole batches of keys, and `push` is all or nothing.
   returning, so a process killed at any moment reopens with every completed push and no part
   of an interrupted one.
 
-Why RocksDB rather than LMDB: both are embedded, crash-safe and have maintained Python bindings.
-The training cache writes a whole pass's rows at once and reads them back in random key order;
-RocksDB's log-structured writes absorb those large batches without rewriting B-tree pages,
-while LMDB copies a page per touched key and needs its map size fixed up front (a full map is an
-error mid-write). ``benchmarks/training_cache.py`` measures both on the same rows (``store``
-section of ``build/bench/training_cache.json``).
+Why RocksDB rather than LMDB: both are embedded, crash-safe, with maintained Python bindings,
+and ``benchmarks/training_cache.py`` measures both on the cache's access pattern (one batch write
+of a pass's rows, a shuffled batch read back; ``store_*`` rows of
+``build/bench/training_cache.json``). On our 2-core machine LMDB was about 2-3x faster at that
+size, both in the hundreds of thousands of rows/s. We still store in RocksDB, for what a table
+larger than memory needs and a micro-benchmark does not show: LMDB memory-maps a file whose
+largest size is fixed when it is opened (a full map fails a write half-way through a pass, and
+growing it needs every reader closed); it copies a B-tree page per updated key, where RocksDB
+appends a pass's batch to its log and compacts in the background; and RocksDB can compress. The
+per-pass cost this choice adds is in the benchmark's ``pull_s_per_pass`` / ``write_back_s_per_pass``.
 
 Example:
     >>> import numpy as np
