@@ -79,8 +79,7 @@ class ParameterServer:
     def pull(self, name: str, keys: Any) -> tuple[np.ndarray, np.ndarray]:
         """(rows ``[n, width]``, found ``[n]``) for `keys`; absent keys get zero rows."""
         width, keys = self._width(name), _keys(keys)
-        rows, found = self._pull(name, keys, width)
-        return rows, found
+        return self._pull(name, keys, width)
 
     def _checked(self, name: str, keys: Any, rows: Any) -> tuple[np.ndarray, np.ndarray]:
         width, keys = self._width(name), _keys(keys)

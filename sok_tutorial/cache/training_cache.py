@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -111,7 +112,8 @@ class EmbeddingTrainingCache:
         for name, width in self.widths.items():
             ps.ensure_table(name, width)
         if train_from_scratch:
-            held = {name: ps.size(name) for name in self.widths if ps.size(name)}
+            sizes = {name: ps.size(name) for name in self.widths}  # one scan of each table
+            held = {name: n for name, n in sizes.items() if n}
             if held:
                 raise ValueError(f"train_from_scratch=True but the parameter server already holds rows {held}; "
                                  "pass train_from_scratch=False to continue from them, or use a new store")
@@ -255,7 +257,7 @@ class EmbeddingTrainingCache:
             train_s = time.perf_counter() - start
             self.write_back()
             record = {**self.history[-1], "train_s": train_s, "loss": logs["loss"][-1],
-                      "samples": loader.core.num_rows * epochs if hasattr(loader.core, "num_rows") else None}
+                      "samples": loader.core.num_rows * epochs}
             if eval_pass is not None:
                 record.update({f"eval_{k}": v for k, v in self.evaluate(*eval_pass, batch_size=batch_size,
                               label_names=label_names, cat_names=cat_names, cont_names=cont_names,
@@ -327,8 +329,6 @@ class EmbeddingTrainingCache:
                 layer.name: layer.embedding_vec_size for layer in self.layers}}, indent=2, sort_keys=True))
         write_file(root / LATEST, name)
         for old in done[:-1]:
-            import shutil
-
             shutil.rmtree(root / old, ignore_errors=True)
         return root / name
 
