@@ -1,7 +1,7 @@
-"""Models built from the library's layers: the SOK dense demo, EmbeddingMLP and DLRM."""
+"""Models built from the library's layers: the SOK dense demo, EmbeddingMLP, DLRM and wide & deep."""
 from sok_tutorial._lazy import lazy_getattr
 
 _NAMES = {"SOKDenseDemo": "sok_tutorial.models.sok_dense_demo", "DLRM": "sok_tutorial.models.dlrm",
-          "EmbeddingMLP": "sok_tutorial.models.embedding_mlp"}
+          "EmbeddingMLP": "sok_tutorial.models.embedding_mlp", "WideAndDeep": "sok_tutorial.models.wide_deep"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)
