@@ -4,9 +4,18 @@
 says how the global batch splits over its replicas. `replica_devices` gives the devices for a
 ``MirroredStrategy`` of N replicas: GPUs where there are enough, else N logical devices carved
 out of the CPU, so the multi-device code path runs (and is tested) on a laptop.
+
+`make_strategy` picks the strategy from the environment: ``TF_CONFIG`` (set by
+``python -m sok_tutorial.launch``) or an MPI launch (``OMPI_COMM_WORLD_RANK/SIZE``) gives a
+``MultiWorkerMirroredStrategy`` whose collectives time out instead of hanging when a peer dies;
+otherwise a ``MirroredStrategy`` over `replica_devices`.
 """
 from __future__ import annotations
 
+import json
+import os
+import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,3 +72,83 @@ def Init(global_batch_size: int | None = None, strategy: Any = None) -> Context:
                              f"replicas; use a multiple of {replicas}")
         per_replica = global_batch_size // replicas
     return Context(strategy, replicas, global_batch_size, per_replica)
+
+
+MPI_PORT_BASE = 23456  # worker r of an mpirun launch listens on localhost:MPI_PORT_BASE + r
+
+
+def cluster_from_environment() -> dict[str, Any] | None:
+    """The ``TF_CONFIG`` of this process: from the variable, or built for a local ``mpirun``
+    launch from ``OMPI_COMM_WORLD_RANK/SIZE`` (ports ``SOK_TUTORIAL_PORT_BASE + rank``)."""
+    if os.environ.get("TF_CONFIG"):
+        try:
+            config = json.loads(os.environ["TF_CONFIG"])
+            workers, index = list(config["cluster"]["worker"]), int(config["task"]["index"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"TF_CONFIG={os.environ['TF_CONFIG']!r} is not a valid cluster spec: expected "
+                             '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", '
+                             '"index": i}}') from exc
+        if not 0 <= index < len(workers):
+            raise ValueError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
+        return config
+    if "OMPI_COMM_WORLD_SIZE" in os.environ:
+        size, rank = int(os.environ["OMPI_COMM_WORLD_SIZE"]), int(os.environ["OMPI_COMM_WORLD_RANK"])
+        base = int(os.environ.get("SOK_TUTORIAL_PORT_BASE", MPI_PORT_BASE))
+        config = {"cluster": {"worker": [f"localhost:{base + r}" for r in range(size)]},
+                  "task": {"type": "worker", "index": rank}}
+        os.environ["TF_CONFIG"] = json.dumps(config)
+        return config
+    return None
+
+
+def wait_for_workers(workers: list[str], me: int, timeout: float = 60.0) -> None:
+    """Rendezvous before TensorFlow connects: listen on this worker's address and wait until every
+    other worker accepts TCP connections on its own; a clear error after `timeout` s.
+
+    (TensorFlow's multi-worker strategy blocks, holding Python's GIL, while a peer is missing;
+    checking first turns a hang into an error naming the worker.)
+    """
+    host, _, port = workers[me].rpartition(":")
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("" if host in ("localhost", "0.0.0.0") else host, int(port)))
+        listener.listen(len(workers))
+    except OSError as exc:
+        listener.close()
+        raise OSError(f"worker {me} cannot listen on {workers[me]} ({exc}); is the port in use?") from None
+    deadline = time.monotonic() + timeout
+    try:
+        for index, address in enumerate(workers):
+            if index == me:
+                continue
+            peer_host, _, peer_port = address.rpartition(":")
+            while True:
+                try:
+                    socket.create_connection((peer_host, int(peer_port)), timeout=2).close()
+                    break
+                except OSError as exc:
+                    if time.monotonic() > deadline:
+                        raise ConnectionError(f"worker {index} at {address} is unreachable after {timeout:.0f} s "
+                                              f"({exc}); check TF_CONFIG and that every worker was started") from None
+                    time.sleep(0.2)
+        time.sleep(0.5)  # let slower peers finish their own checks against this listener
+    finally:
+        listener.close()
+
+
+def make_strategy(num_replicas: int = 1, *, timeout: float = 60.0) -> Any:
+    """The strategy for this process: multi-worker when launched as a cluster, else mirrored
+    over `num_replicas` local devices (`replica_devices`).
+
+    Args:
+        num_replicas: local replicas when not in a cluster.
+        timeout: seconds to wait for peers at start, and for any collective to complete (a dead
+            peer then raises ``DeadlineExceeded`` in the survivors instead of hanging).
+    """
+    config = cluster_from_environment()
+    if config is None:
+        return tf.distribute.MirroredStrategy(replica_devices(num_replicas))
+    wait_for_workers(list(config["cluster"]["worker"]), int(config["task"]["index"]), timeout)
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

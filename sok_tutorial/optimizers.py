@@ -22,7 +22,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from sok_tutorial.embedding.layers import is_embedding_variable
+from sok_tutorial.embedding.layers import is_embedding_variable, is_sharded_variable
 
 
 def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
@@ -72,6 +72,18 @@ class _SparseMixin:
         if not self.built:
             _exclude_tables_from_weight_decay(self, var_list)
         super().build(var_list)
+
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
+        """All-reduce every gradient but those of sharded tables: each replica's shard gradient
+        is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
+        and `strategy.extended.update` hands each replica's gradient to its own shard."""
+        pairs = list(grads_and_vars)
+        local = {i for i, (g, v) in enumerate(pairs) if g is not None and is_sharded_variable(v)}
+        if not local or tf.distribute.get_replica_context() is None:
+            return super()._all_reduce_sum_gradients(pairs)
+        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
+        reduced = iter(super()._all_reduce_sum_gradients(rest) if any(g is not None for g, _ in rest) else rest)
+        return [pairs[i] if i in local else next(reduced) for i in range(len(pairs))]
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
+from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
 from sok_tutorial.embedding.vocabulary import DynamicVocabulary, InitSpec, init_spec, keyed_initial_values
 
 _INIT_CHUNK = 1 << 20  # rows initialised per pass (bounds the temporary memory of huge tables)
@@ -55,6 +56,13 @@ def is_embedding_variable(variable: Any) -> bool:
     return bool(getattr(variable, "_sok_embedding", False))
 
 
+def is_sharded_variable(variable: Any) -> bool:
+    """A table whose replicas hold different rows (``sharding="row"`` or ``"table"``): its
+    gradients are per-replica and must not be all-reduced."""
+    return bool(getattr(variable, "_sok_sharded", False) or getattr(getattr(variable, "value", None),
+                                                                    "_sok_sharded", False))
+
+
 def _components(variable: Any) -> list[Any]:
     """The per-device tf.Variables behind a (possibly mirrored) Keras variable."""
     value = getattr(variable, "value", variable)
@@ -63,8 +71,13 @@ def _components(variable: Any) -> list[Any]:
 
 class _EmbeddingBase(keras.layers.Layer):
     def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, *, use_hashtable: bool = True,
-                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform", **kwargs: Any):
+                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
+                 sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
+        self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
+        self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
+        self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
+        self._sharded: ShardedTable | None = None
         self.max_vocabulary_size_per_gpu = checks.positive_int("max_vocabulary_size_per_gpu",
                                                                max_vocabulary_size_per_gpu)
         self.embedding_vec_size = checks.positive_int("embedding_vec_size", embedding_vec_size)
@@ -77,11 +90,29 @@ class _EmbeddingBase(keras.layers.Layer):
         self._frozen: tf.lookup.StaticHashTable | None = None
 
     def build(self, input_shape: Any = None) -> None:
+        sharded = self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1
         self.embedding_variable = self.add_weight(
             name="embedding_variable", shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
-            initializer=KeyedInitializer(**dataclasses.asdict(self.init), dynamic=self.use_hashtable), trainable=True)
+            initializer=KeyedInitializer(**dataclasses.asdict(self.init), dynamic=self.use_hashtable or sharded),
+            trainable=True)
         self.embedding_variable._sok_embedding = True
+        if sharded:
+            self._sharded = ShardedTable(self, self.sharding, self.exchange, self.slot_sizes)
+            self._sharded.build(self.embedding_variable)
+            self.embedding_variable._sok_sharded = True
+            self.embedding_variable.value._sok_sharded = True
+            self.vocabulary = None  # each shard has its own (ShardedTable.vocabularies)
         super().build(input_shape)
+
+    @property
+    def num_shards(self) -> int:
+        """Replicas the table is spread over (1: the whole table on every replica)."""
+        return self._sharded.num_shards if self._sharded is not None else 1
+
+    @property
+    def capacity(self) -> int:
+        """Rows of the whole table: ``max_vocabulary_size_per_gpu`` times the shards."""
+        return self.max_vocabulary_size_per_gpu * self.num_shards
 
     # ------------------------------------------------------------------ keys -> rows
     def _check_keys(self, keys: Any) -> tf.Tensor:
@@ -93,7 +124,7 @@ class _EmbeddingBase(keras.layers.Layer):
     def _rows(self, flat_keys: tf.Tensor, training: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
         """(rows for the gather, mask of keys that have a row or None if all do)."""
         if not self.use_hashtable:
-            rows = self.max_vocabulary_size_per_gpu
+            rows = self.capacity
             tf.debugging.assert_non_negative(flat_keys, message=f"{self.name}: negative key with use_hashtable=False")
             tf.debugging.assert_less(flat_keys, tf.constant(rows, tf.int64),
                                      message=f"{self.name}: key out of range [0, {rows}) with use_hashtable=False "
@@ -113,6 +144,9 @@ class _EmbeddingBase(keras.layers.Layer):
     def freeze_vocabulary(self) -> None:
         """Map keys through a static lookup table of the current vocabulary from now on (no new
         keys; unseen ones embed to zeros): what a SavedModel for serving needs."""
+        if self._sharded is not None:
+            raise NotImplementedError(f"{self.name}: export a sharded table from a model built without a strategy "
+                                      "(load the checkpoint there first)")
         if self.vocabulary is None:
             return
         keys, rows = self.vocabulary.export()
@@ -131,7 +165,13 @@ class _EmbeddingBase(keras.layers.Layer):
                     component.scatter_update(update)
         return rows
 
-    def _vectors(self, flat_keys: tf.Tensor, training: Any) -> tf.Tensor:
+    def _vectors(self, flat_keys: tf.Tensor, training: Any, slots: Any = None) -> tf.Tensor:
+        if self._sharded is not None:
+            if not self.use_hashtable:
+                self._rows(flat_keys, training)  # the range checks
+            if self.sharding == "table" and slots is not None:
+                slots = slots()
+            return self._sharded.vectors(flat_keys, slots, training)
         rows, found = self._rows(flat_keys, training)
         # The read of the table must follow the py_function that initialises new rows. Gather from
         # the tf.Variable (a resource gather, not a snapshot of the whole table), created under an
@@ -146,6 +186,9 @@ class _EmbeddingBase(keras.layers.Layer):
 
     # ----------------------------------------------------------- saving and config
     def save_own_variables(self, store: Any) -> None:
+        if self._sharded is not None:
+            raise NotImplementedError(f"{self.name}: save a sharded table with sok_tutorial.training.save_checkpoint "
+                                      "(it writes every shard and restores onto any number of replicas)")
         store["0"] = self.embedding_variable.numpy()
         if self.vocabulary is not None:
             keys, rows = self.vocabulary.export()
@@ -159,9 +202,16 @@ class _EmbeddingBase(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,
                 "embedding_vec_size": self.embedding_vec_size, "use_hashtable": self.use_hashtable,
-                "key_dtype": self.key_dtype,
+                "key_dtype": self.key_dtype, "sharding": self.sharding, "exchange": self.exchange,
+                "slot_sizes": self.slot_sizes,
                 "embedding_initializer": {"class_name": "KeyedInitializer",
                                           "config": KeyedInitializer(**dataclasses.asdict(self.init)).get_config()}}
+
+
+def _slot_ids(keys: tf.Tensor) -> tf.Tensor:
+    """The slot of every key of dense ``[batch, slot, nnz]`` keys, flattened."""
+    slots = tf.range(tf.shape(keys, out_type=tf.int64)[1])[None, :, None]
+    return tf.reshape(tf.broadcast_to(slots, tf.shape(keys, out_type=tf.int64)), [-1])
 
 
 def _spec_from_config(value: Any) -> Any:
@@ -222,7 +272,8 @@ class DistributedEmbedding(_EmbeddingBase):
         tf.debugging.assert_less_equal(tf.reduce_max(tf.concat([per_sample, [0]], 0)), self.max_feature_num,
                                        message=f"{self.name}: a sample holds more keys than "
                                                f"max_feature_num={self.max_feature_num}")
-        bags = combine(self._vectors(flat, training), segments, num_bags, self.combiner)
+        vectors = self._vectors(flat, training, slots=lambda: segments % self.slot_num)
+        bags = combine(vectors, segments, num_bags, self.combiner)
         return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
 
     def _call_dense(self, keys: tf.Tensor, training: Any) -> tf.Tensor:
@@ -236,7 +287,7 @@ class DistributedEmbedding(_EmbeddingBase):
         if nnz is not None and (nnz > self.max_nnz or nnz * self.slot_num > self.max_feature_num):
             raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
                              f"or max_feature_num={self.max_feature_num} allow")
-        vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training)
+        vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training, slots=lambda: _slot_ids(keys))
         if nnz == 1:
             bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
         else:
@@ -288,7 +339,10 @@ class All2AllDenseEmbedding(_EmbeddingBase):
                 raise ValueError(f"{self.name}: keys have shape {keys.shape.as_list()}, expected "
                                  f"[batch, {expected[0]}, {expected[1]}] (slot_num, nnz_per_slot)")
         flat = tf.reshape(keys, [-1])
-        vectors = self._vectors(flat, training)
+        if self.dynamic_input and self.sharding == "table":
+            raise ValueError(f"{self.name}: sharding='table' places slots, so keys must be "
+                             "[batch, slot_num, nnz_per_slot] (dynamic_input=False)")
+        vectors = self._vectors(flat, training, slots=lambda: _slot_ids(keys))
         shape = tf.concat([tf.shape(keys, out_type=tf.int64), [self.embedding_vec_size]], 0)
         return tf.cast(tf.reshape(vectors, shape), self.compute_dtype)
 

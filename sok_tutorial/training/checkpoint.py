@@ -24,6 +24,7 @@ import numpy as np
 
 from sok_tutorial.atomic import atomic_directory
 from sok_tutorial.embedding.layers import is_embedding_variable
+from sok_tutorial.embedding.sharding import local_table_rows
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -56,14 +57,6 @@ def table_slots(optimizer: Any, table: Any) -> list[Any]:
             if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == rows]
 
 
-def _rows_in_use(layer: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, rows) of a table: its vocabulary, or every row of a static table (key = row)."""
-    if getattr(layer, "vocabulary", None) is not None:
-        return layer.vocabulary.export()
-    rows = np.arange(int(layer.embedding_variable.shape[0]), dtype=np.int64)
-    return rows, rows
-
-
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, *,
                     state: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Write `model` (and `optimizer`) plus free-form `state` (step, epoch...) to `path`."""
@@ -73,17 +66,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         (tmp / "tables").mkdir()
         table_entries = []
         for i, layer in enumerate(tables):
-            keys, rows = _rows_in_use(layer)
-            arrays = {"keys": keys, "vectors": layer.embedding_variable.numpy()[rows]}
+            if layer.num_shards > 1 and len(layer._sharded.components) < layer.num_shards:
+                raise NotImplementedError(f"{layer.name}: this process holds {len(layer._sharded.components)} of "
+                                          f"{layer.num_shards} shards; save sharded tables from one process "
+                                          "(MirroredStrategy)")
             slots = table_slots(optimizer, layer.embedding_variable)
+            rows = local_table_rows(layer, slots)
+            arrays = {"keys": rows["keys"], "key_slots": rows["slots"], "vectors": rows["vectors"]}
             for j, slot in enumerate(slots):
-                arrays[f"slot_{j}"] = slot.numpy()[rows]
+                arrays[f"slot_{j}"] = rows[f"extra_{j}"]
                 slot_ids.add(id(slot))
             np.savez(tmp / "tables" / f"{i}.npz", **arrays)
-            table_entries.append({"layer": _relative(model, layer.path), "rows": int(layer.embedding_variable.shape[0]),
-                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(len(keys)),
-                                  "dynamic": getattr(layer, "vocabulary", None) is not None,
-                                  "slots": [s.name for s in slots]})
+            table_entries.append({"layer": _relative(model, layer.path), "rows": layer.capacity,
+                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(len(rows["keys"])),
+                                  "dynamic": layer.use_hashtable, "sharding": layer.sharding,
+                                  "shards": layer.num_shards, "slots": [s.name for s in slots]})
         dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model)}
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
@@ -125,9 +122,11 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     for entry, layer in zip(manifest["tables"], tables):
         if entry["dim"] != int(layer.embedding_variable.shape[1]):
             problems.append(f"table {entry['layer']}: width {entry['dim']} vs {int(layer.embedding_variable.shape[1])}")
-        if entry["keys"] > int(layer.embedding_variable.shape[0]):
-            problems.append(f"table {entry['layer']}: {entry['keys']} keys do not fit "
-                            f"{layer.embedding_variable.shape[0]} rows")
+        if entry["keys"] > layer.capacity:
+            problems.append(f"table {entry['layer']}: {entry['keys']} keys do not fit {layer.capacity} rows")
+        if entry.get("sharding", "replicated") == "table" and layer.num_shards > 1 and layer.sharding != "table":
+            problems.append(f"table {entry['layer']}: saved table-wise (keys placed by slot), restoring "
+                            f"sharding={layer.sharding!r}")
     if problems:
         raise CheckpointMismatch(f"checkpoint {str(path)!r} does not match this model: " + "; ".join(problems))
 
@@ -137,6 +136,12 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     for i, (entry, layer) in enumerate(zip(manifest["tables"], tables)):
         data = np.load(path / "tables" / f"{i}.npz")
         keys, vectors = data["keys"], data["vectors"]
+        if layer.num_shards > 1:  # re-shard: every shard takes the keys it owns now
+            slots = table_slots(optimizer, layer.embedding_variable)
+            layer._sharded.restore(keys, data["key_slots"] if "key_slots" in data else np.full(len(keys), -1),
+                                   [vectors] + [data[f"slot_{j}"] for j in range(len(slots))],
+                                   [layer.embedding_variable, *slots])
+            continue
         if getattr(layer, "vocabulary", None) is not None:
             rows = np.arange(len(keys), dtype=np.int64)  # compact rows; the vocabulary follows
             layer.vocabulary.restore(keys, rows)
