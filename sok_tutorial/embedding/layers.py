@@ -169,9 +169,8 @@ class _EmbeddingBase(keras.layers.Layer):
         if self._sharded is not None:
             if not self.use_hashtable:
                 self._rows(flat_keys, training)  # the range checks
-            if self.sharding == "table" and slots is not None:
-                slots = slots()
-            return self._sharded.vectors(flat_keys, slots, training)
+            slot_ids = slots() if self.sharding == "table" and slots is not None else None
+            return self._sharded.vectors(flat_keys, slot_ids, training)
         rows, found = self._rows(flat_keys, training)
         # The read of the table must follow the py_function that initialises new rows. Gather from
         # the tf.Variable (a resource gather, not a snapshot of the whole table), created under an

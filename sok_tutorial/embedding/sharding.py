@@ -184,7 +184,7 @@ class ShardedTable:
         """Vectors of this replica's `keys` ``[K]`` (slot of each key in `slots` for table-wise)."""
         insert = training is not False
         context = tf.distribute.get_replica_context()
-        if context is None or tf.distribute.in_cross_replica_context():
+        if context is None or not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
             return self._global_vectors(keys, slots, insert)
         if int(context.num_replicas_in_sync) != self.num_shards:
             raise RuntimeError(f"{self.layer.name}: built for {self.num_shards} replicas, called under a strategy "

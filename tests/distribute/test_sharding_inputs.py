@@ -1,0 +1,115 @@
+"""Sharded tables in one process (2 logical CPU replicas): model.fit, bad input, restore checks."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_tutorial as sok
+from sok_tutorial.training import CheckpointMismatch, load_checkpoint, save_checkpoint
+
+
+def _fit(strategy, sharding: str, x: np.ndarray, y: np.ndarray) -> tuple[list[float], dict[int, np.ndarray]]:
+    keras.utils.set_random_seed(0)
+    n = strategy.num_replicas_in_sync
+    with strategy.scope():
+        inp = keras.Input([4], dtype="int64")
+        layer = sok.DistributedEmbedding("sum", 2000 // n, 4, slot_num=4, max_nnz=1, sharding=sharding,
+                                         name="emb")
+        out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Reshape([16])(layer(inp)))
+        model = keras.Model(inp, out)
+        model.compile(sok.optimizers.Adam(0.05), "binary_crossentropy")
+    history = model.fit(x, y, batch_size=64, epochs=2, verbose=0, shuffle=False)
+    rows = sok.embedding.local_table_rows(layer)
+    return history.history["loss"], dict(zip(rows["keys"].tolist(), rows["vectors"]))
+
+
+def test_model_fit_with_a_row_sharded_table_equals_one_device(strategy_of):
+    rng = np.random.default_rng(2)
+    x = rng.integers(-10**12, 10**12, (256, 4))
+    y = (x[:, :1] % 3 == 0).astype("float32")
+    loss_1, table_1 = _fit(strategy_of(1), "row", x, y)
+    loss_2, table_2 = _fit(strategy_of(2), "row", x, y)
+    np.testing.assert_allclose(loss_2, loss_1, rtol=1e-5)
+    assert table_1.keys() == table_2.keys()
+    np.testing.assert_allclose(np.stack([table_2[k] for k in table_1]), np.stack(list(table_1.values())), atol=1e-5)
+
+
+def test_each_replica_holds_its_own_rows(strategy_of):
+    strategy = strategy_of(2)
+    with strategy.scope():
+        layer = sok.All2AllDenseEmbedding(8, 2, slot_num=1, nnz_per_slot=1, use_hashtable=False, sharding="row")
+        layer.build()
+    shards = [c.numpy() for c in strategy.experimental_local_results(layer.embedding_variable.value)]
+    assert layer.capacity == 16 and not np.allclose(shards[0], shards[1])
+    looked_up = layer(tf.constant([[[3]], [[4]]], tf.int64)).numpy()[:, 0, 0]  # outside strategy.run: all shards
+    np.testing.assert_array_equal(looked_up, np.stack([shards[1][1], shards[0][2]]))  # 3 -> replica 1 row 1
+
+
+def test_bad_sharding_inputs(strategy_of):
+    with pytest.raises(ValueError, match="sharding"):
+        sok.DistributedEmbedding("sum", 10, 2, slot_num=1, max_nnz=1, sharding="columns")
+    with pytest.raises(ValueError, match="exchange"):
+        sok.DistributedEmbedding("sum", 10, 2, slot_num=1, max_nnz=1, exchange="carrier_pigeon")
+    with pytest.raises(ValueError, match="vocabulary_size=3 is smaller than num_replicas=4"):
+        sok.rows_per_replica(3, 4)
+    with strategy_of(2).scope():
+        layer = sok.DistributedEmbedding("sum", 10, 2, slot_num=3, max_nnz=1, sharding="table", slot_sizes=[5, 5])
+        with pytest.raises(ValueError, match="slot_sizes has 2 entries, slot_num=3"):
+            layer.build()
+        layer = sok.DistributedEmbedding("sum", 10, 2, slot_num=2, max_nnz=1, sharding="table",
+                                         slot_sizes=[15, 1])
+        with pytest.raises(ValueError, match="15 rows on one replica, more than max_vocabulary_size_per_gpu=10"):
+            layer.build()
+    with pytest.raises(ValueError, match="global_batch_size=10 does not split evenly over 4 replicas"):
+        sok.Init(global_batch_size=10, strategy=strategy_of(4))
+
+
+def test_restore_refuses_a_mismatched_sharding(strategy_of, tmp_path):
+    strategy = strategy_of(2)
+
+    def model(sharding: str) -> keras.Model:
+        with strategy.scope():
+            inp = keras.Input([2], dtype="int64")
+            emb = sok.DistributedEmbedding("sum", 8, 2, slot_num=2, max_nnz=1, sharding=sharding,
+                                           slot_sizes=[4, 4] if sharding == "table" else None, name="emb")
+            return keras.Model(inp, keras.layers.Flatten()(emb(inp)), name="m")
+
+    saved = model("table")
+    saved(tf.constant([[1, 11], [2, 12]], tf.int64))
+    save_checkpoint(tmp_path / "ckpt", saved)
+    with pytest.raises(CheckpointMismatch, match="saved table-wise .* restoring sharding='row'"):
+        load_checkpoint(tmp_path / "ckpt", model("row"))
+    restored = model("table")
+    load_checkpoint(tmp_path / "ckpt", restored)
+    np.testing.assert_allclose(restored(tf.constant([[2, 11]], tf.int64)), saved(tf.constant([[2, 11]], tf.int64)))
+
+
+def test_launcher_rejects_bad_arguments():
+    def launch(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sok_tutorial.launch", *args], capture_output=True, text=True,
+                              timeout=60)
+    assert "expected at least 1" in launch("--workers", "0", "x.py").stderr
+    assert "script 'no_such.py' not found" in launch("--workers", "2", "no_such.py").stderr
+
+
+def test_bad_tf_config_is_a_clear_error(monkeypatch):
+    from sok_tutorial.distribute import cluster_from_environment
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["localhost:1"]}, "task": {"index": 3}}))
+    with pytest.raises(ValueError, match="task index 3 is outside the 1 workers"):
+        cluster_from_environment()
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(ValueError, match="not a valid cluster spec"):
+        cluster_from_environment()
+    monkeypatch.delenv("TF_CONFIG")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    config = cluster_from_environment()
+    assert config["task"]["index"] == 1 and len(config["cluster"]["worker"]) == 2
+    assert json.loads(os.environ["TF_CONFIG"]) == config
