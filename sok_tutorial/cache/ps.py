@@ -8,7 +8,17 @@ Every call works on whole batches of keys, and `push` is all or nothing.
 * `DiskPS`: rows in RocksDB (through ``rocksdict``), one record per key. A `push` is one
   ``WriteBatch``: RocksDB applies it atomically and logs it to its write-ahead log before
   returning, so a process killed at any moment reopens with every completed push and no part
-  of an interrupted one.
+  of an interrupted one. It also keeps each table's keys in memory, sorted (8 bytes a key: a
+  scan of the store reads them on first use, every push merges its new keys after RocksDB took
+  it), so a pull asks RocksDB only for keys the table holds. A point lookup costs about 2 us
+  on our machine whether the key exists or not, and a pass brings many new keys (40-60% of
+  what the training cache pulls in the benchmark), so this took the benchmark's pull from
+  ~0.26 s to ~0.08 s a pass (0.54 s before the cache reused the rows of keys it still holds).
+  Record keys and values are built in NumPy (``tolist`` of a void view), not by slicing bytes
+  in Python: ~50 ms less per pull and per push.
+
+Calls are serialised by a lock: the training cache pulls the next keyset in a background
+thread while it pushes the current one.
 
 Why RocksDB rather than LMDB: both are embedded, crash-safe, with maintained Python bindings,
 and ``benchmarks/training_cache.py`` measures both on the cache's access pattern (one batch write
@@ -32,9 +42,11 @@ Example:
 """
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +54,14 @@ import numpy as np
 
 from kernels import checks
 from kernels.hash_table import HashTable
+
+
+def _in_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """``keys[i] in sorted_keys`` for every i (binary search)."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[pos] == keys
 
 
 class PSLocked(RuntimeError):
@@ -60,6 +80,7 @@ class ParameterServer:
 
     def __init__(self) -> None:
         self.widths: dict[str, int] = {}
+        self._lock = threading.RLock()  # the training cache pulls in a background thread while it pushes
 
     def ensure_table(self, name: str, width: int) -> None:
         """Declare table `name` with rows `width` floats wide (again: the width must match)."""
@@ -79,7 +100,8 @@ class ParameterServer:
     def pull(self, name: str, keys: Any) -> tuple[np.ndarray, np.ndarray]:
         """(rows ``[n, width]``, found ``[n]``) for `keys`; absent keys get zero rows."""
         width, keys = self._width(name), _keys(keys)
-        return self._pull(name, keys, width)
+        with self._lock:
+            return self._pull(name, keys, width)
 
     def _checked(self, name: str, keys: Any, rows: Any) -> tuple[np.ndarray, np.ndarray]:
         width, keys = self._width(name), _keys(keys)
@@ -97,12 +119,14 @@ class ParameterServer:
     def push_tables(self, updates: dict[str, tuple[Any, Any]]) -> None:
         """Push several tables at once: ``{name: (keys, rows)}``, all or nothing across tables."""
         checked = {name: self._checked(name, keys, rows) for name, (keys, rows) in updates.items()}
-        self._push_all(checked)
+        with self._lock:
+            self._push_all(checked)
 
     def keys(self, name: str) -> np.ndarray:
         """Every key of table `name`, sorted."""
         self._width(name)
-        return np.sort(self._all_keys(name))
+        with self._lock:
+            return np.sort(self._all_keys(name))
 
     def size(self, name: str) -> int:
         return len(self.keys(name))
@@ -175,6 +199,8 @@ class HostMemoryPS(ParameterServer):
 class DiskPS(ParameterServer):
     """Tables in a RocksDB directory: record key = table id + big-endian int64, value = the row.
 
+    The sorted keys of every table stay in memory (8 bytes a key) so that pulls skip absent keys.
+
     Args:
         path: the store's directory (created if missing; reopened with its tables if present).
         sync: fsync the write-ahead log on every push (survives power loss, not only a crash of
@@ -202,6 +228,7 @@ class DiskPS(ParameterServer):
         self._write_options.sync = bool(sync)
         meta = self._db.get(self._META)
         self._tables: dict[str, int] = {}
+        self._present: dict[str, np.ndarray] = {}  # each table's keys, sorted; read by one scan on first use
         if meta is not None:
             for name, (table_id, width) in json.loads(meta.decode()).items():
                 self._tables[name], self.widths[name] = table_id, width
@@ -210,27 +237,40 @@ class DiskPS(ParameterServer):
         return b"t" + self._tables[name].to_bytes(2, "big")
 
     def _record_keys(self, name: str, keys: np.ndarray) -> list[bytes]:
-        raw, prefix = keys.astype(">i8").tobytes(), self._prefix(name)
-        return [prefix + raw[i:i + 8] for i in range(0, len(raw), 8)]
+        records = np.empty((len(keys), 11), np.uint8)  # built in NumPy; one bytes object per key by tolist()
+        records[:, :3] = np.frombuffer(self._prefix(name), np.uint8)
+        records[:, 3:] = keys.astype(">i8").view(np.uint8).reshape(-1, 8)
+        return records.view("V11").reshape(-1).tolist()
 
     def _create(self, name: str, width: int) -> None:
         self._tables[name] = len(self._tables)
+        self._present[name] = np.zeros(0, np.int64)
         meta = {n: (self._tables[n], self.widths[n]) for n in self._tables}
         self._db.put(self._META, json.dumps(meta).encode(), self._write_options)
 
+    def _keys_held(self, name: str) -> np.ndarray:
+        if name not in self._present:
+            self._present[name] = np.sort(self._scan_keys(name))
+        return self._present[name]
+
     def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        values = self._db[self._record_keys(name, keys)] if len(keys) else []
-        found = np.array([v is not None for v in values], dtype=bool)
-        rows = np.zeros((len(keys), width), np.float32)
-        if found.any():
-            rows[found] = np.frombuffer(b"".join(v for v in values if v is not None), np.float32).reshape(-1, width)
-        return rows, found
+        found = _in_sorted(keys, self._keys_held(name))
+        if not found.any():
+            return np.zeros((len(keys), width), np.float32), found
+        values = self._db[self._record_keys(name, keys[found] if not found.all() else keys)]
+        if values.count(None):
+            raise RuntimeError(f"DiskPS {str(self.path)!r}: table {name!r} lacks {values.count(None)} keys it held "
+                               "(was the store written by another program?)")
+        rows = np.frombuffer(bytearray().join(values), np.float32).reshape(-1, width)  # writable: a bytearray
+        if found.all():
+            return rows, found
+        out = np.zeros((len(keys), width), np.float32)
+        out[found] = rows
+        return out, found
 
     def _batch(self, name: str, keys: np.ndarray, rows: np.ndarray, batch: Any) -> None:
-        data = rows.tobytes()
-        step = rows.shape[1] * 4
-        for i, record in enumerate(self._record_keys(name, keys)):
-            batch.put(record, data[i * step:(i + 1) * step])
+        values = rows.view(f"V{rows.shape[1] * 4}").reshape(-1).tolist()  # one bytes object per row
+        collections.deque(map(batch.put, self._record_keys(name, keys), values), maxlen=0)  # no Python loop body
 
     def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         """All tables' rows in one atomic ``WriteBatch``."""
@@ -238,8 +278,13 @@ class DiskPS(ParameterServer):
 
         batch = WriteBatch(raw_mode=True)
         for name, (keys, rows) in updates.items():
+            self._keys_held(name)  # before the write, so that a scan cannot fail after it
             self._batch(name, keys, rows, batch)
         self._write(batch)
+        for name, (keys, _) in updates.items():
+            held = self._present.pop(name)  # rebuilt by a scan should the merge fail
+            new = np.sort(keys[~_in_sorted(keys, held)])
+            self._present[name] = np.insert(held, np.searchsorted(held, new), new) if len(new) else held
 
     def _write(self, batch: Any) -> None:
         try:
@@ -252,6 +297,9 @@ class DiskPS(ParameterServer):
             raise
 
     def _all_keys(self, name: str) -> np.ndarray:
+        return self._keys_held(name).copy()
+
+    def _scan_keys(self, name: str) -> np.ndarray:
         prefix, out = self._prefix(name), []
         for key in self._db.keys(from_key=prefix):
             if not key.startswith(prefix):
@@ -260,6 +308,7 @@ class DiskPS(ParameterServer):
         return np.frombuffer(b"".join(out), ">i8").astype(np.int64) if out else np.zeros(0, np.int64)
 
     def close(self) -> None:
-        if getattr(self, "_db", None) is not None:
-            self._db.close()
-            self._db = None
+        with self._lock:
+            if getattr(self, "_db", None) is not None:
+                self._db.close()
+                self._db = None
