@@ -55,6 +55,21 @@ def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["embedding_parameters"] == p["VOCABULARY_SIZE"] * 4
 
 
+def check_06(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["num_replicas"] == p["NUM_REPLICAS"] and len(m["losses_replicas"]) == p["STEPS"]
+    assert m["max_loss_diff_vs_one_device"] < 1e-5 and m["max_table_diff_vs_one_device"] < 1e-3
+    assert m["workers2_max_loss_diff"] < 1e-5 and m["workers2_max_table_diff"] < 1e-5
+    assert m["restore_max_prediction_diff"] < 1e-5
+    assert m["losses_replicas"][-1] < m["losses_replicas"][0]  # the planted labels are learnable
+    assert sum(m["table_wise_rows_per_replica"]) == sum(p["FIELD_SIZES"])
+    memory, exchange = m["memory_per_replica_bytes"], m["exchange_bytes_per_step"]
+    for mode in ("row", "table"):
+        assert memory[mode]["2"] * 2 == memory[mode]["1"] and memory[mode]["4"] * 4 == memory[mode]["1"]
+    assert memory["replicated"]["4"] == memory["replicated"]["1"]
+    assert all(exchange[mode]["1"] == 0 for mode in exchange)
+    assert exchange["replicated"]["2"] < exchange["row"]["2"] < exchange["table"]["2"]
+
+
 def check_05(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["steps"] == p["STEPS"] and m["batch_size"] == p["BATCH_SIZE"] and m["devices"][0] == "CPU"
     assert m["accelerated_vs_native"] > 1
@@ -118,6 +133,11 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
          "SPEED_STEPS": 30, "PROFILE_START": 5, "PROFILE_STEPS": 2, "TABLE_FRACTIONS": [0.5, 2.0],
          "PROGRESS": False},
         check_05,
+    ),
+    "06-model-parallel-embeddings": (
+        {"NUM_REPLICAS": 2, "GLOBAL_BATCH_SIZE": 256, "STEPS": 8, "ITEM_VOCABULARY": 20_000,
+         "FIELD_SIZES": [5_000, 2_000, 1_000, 200], "SCRIPT_STEPS": 5, "SCRIPT_VOCABULARY": 2_000},
+        check_06,
     ),
     "07-continuous-training-cache": (
         {"ROWS_PER_DAY": 8000, "DAYS_PER_LIST": 1, "CRITEO_SCALE": 0.001, "BATCH_SIZE": 512, "HIDDEN": [64, 64],

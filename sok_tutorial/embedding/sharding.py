@@ -25,16 +25,19 @@ replicas: the sparse optimizers apply it to that replica's shard only (no all-re
 Bytes received per replica and step, K keys per replica of dim d (float32, int64 keys), ring
 collectives::
 
-    pattern                           keys           vectors fwd        grads bwd
-    all_gather (this module)          (N-1) K 8      (N-1) K d 4        (N-1) K d 4
-    all_reduce of masked vectors      (N-1) K 8      2 (N-1) K d 4      (N-1) K d 4
-    all-to-all (NCCL, SOK)            (N-1)/N K 8    (N-1)/N K d 4      (N-1)/N K d 4
-    replicated table                  0              0                  (N-1) K (d 4 + 8)
+    pattern                           ids                 vectors fwd        grads bwd
+    all_gather (exchange default)     (N-1) K (8 + 8)     (N-1) K d 4        (N-1) K d 4
+    all_reduce of masked vectors      (N-1) K 8           2 (N-1) K d 4      (N-1) K d 4
+    all-to-all (NCCL, as SOK)         (N-1)/N K 8         (N-1)/N K d 4      (N-1)/N K d 4
+    replicated table                  0                   0                  (N-1) K (d 4 + 8)
 
-TensorFlow's replica context offers all_gather and all_reduce, not all-to-all, on every
-device type and across processes; of those two, all_gather moves half the forward bytes and
-measured faster (``benchmarks/model_parallel.py``, ``exchange`` column). An all-to-all would
-move N times less but needs NCCL communicators TF does not expose to ``tf.distribute``.
+(ids: keys, plus each owned key's position with all_gather; table-wise adds slot ids.)
+`exchange_bytes` computes these. TensorFlow's replica context offers all_gather and
+all_reduce, on every device type and across processes, but no all-to-all; an all-to-all would
+move N times less and needs NCCL communicators that ``tf.distribute`` does not expose. Between
+the two, ``exchange="all_gather"`` moves fewer bytes for any d > 2, the choice for real
+interconnects; ``benchmarks/model_parallel.py`` times both (on logical CPU devices, where
+"bytes" are memory copies, the all_reduce variant's fewer ops can win).
 """
 from __future__ import annotations
 
@@ -66,6 +69,30 @@ def rows_per_replica(vocabulary_size: int, num_replicas: int) -> int:
         raise ValueError(f"vocabulary_size={vocabulary_size} is smaller than num_replicas={num_replicas}: a "
                          "row-wise shard would be empty; mark the table sharding='replicated'")
     return math.ceil(vocabulary_size / num_replicas)
+
+
+def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim: int,
+                   exchange: str = "all_gather") -> int:
+    """Bytes one replica receives per training step for a table's lookup and gradient, counted
+    from the shapes of the collectives the layers issue (ring algorithms, float32, int64 ids).
+
+    Example:
+        >>> exchange_bytes("row", 2, 1000, 16), exchange_bytes("replicated", 2, 1000, 16)
+        (144008, 72000)
+    """
+    checks.one_of("sharding", sharding, SHARDINGS)
+    checks.one_of("exchange", exchange, EXCHANGES)
+    others = (num_replicas - 1) * keys_per_replica
+    if num_replicas == 1:
+        return 0
+    if sharding == "replicated":
+        return others * (dim * 4 + 8)  # the all-reduce of IndexedSlices gathers rows and ids
+    total = (num_replicas - 1) * 8 + others * 8 + others * dim * 4  # counts, keys, gradients backward
+    if sharding == "table":
+        total += others * 8  # slot ids
+    if exchange == "all_gather":
+        return total + others * 8 + others * dim * 4  # positions, owned vectors
+    return total + 2 * others * dim * 4  # ring all-reduce of the [N*K, dim] masked vectors
 
 
 def plan_table_wise(slot_sizes: Sequence[int], num_replicas: int) -> tuple[list[int], list[int]]:

@@ -98,7 +98,8 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     n = context.num_replicas
     keras.utils.set_random_seed(0)
     total_rows = args.slots * args.vocabulary
-    per_replica = sok.rows_per_replica(total_rows, n) if args.sharding != "replicated" else total_rows
+    per_replica = {"row": sok.rows_per_replica(total_rows, n), "replicated": total_rows,
+                   "table": max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])}[args.sharding]
     kwargs = {"use_hashtable": not args.static, "sharding": args.sharding, "exchange": args.exchange,
               "slot_sizes": [args.vocabulary] * args.slots if args.sharding == "table" else None,
               "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3)}
