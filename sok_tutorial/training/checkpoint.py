@@ -5,18 +5,21 @@ Layout::
     step-00001000/
         dense.npz          every model variable that is not an embedding table, by path
         tables/<i>.npz     per table: keys, vectors and optimizer slots of the rows in use
+                           (<i>.worker<w>.npz instead: the shards worker w held, multi-worker runs)
         optimizer.npz      the optimizer's other variables (step count, dense slots)
         manifest.json      what is inside and the training position; written last
 
 The directory is written as a temporary sibling and renamed into place, so a crash mid-save
 leaves the previous checkpoint as the latest. Tables are stored by key, not by row, so they can
-be reloaded into a table of another size or layout (rows are reassigned compactly).
+be reloaded into a table of another size or layout (rows are reassigned compactly), and sharded
+tables onto any number of replicas (each shard takes the keys it owns).
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +60,75 @@ def table_slots(optimizer: Any, table: Any) -> list[Any]:
             if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == rows]
 
 
+def _partial(layer: Any) -> bool:
+    """A sharded table of which this process holds only some shards (multi-worker training)."""
+    return layer.num_shards > 1 and len(layer._sharded.components) < layer.num_shards
+
+
+def _barrier(layer: Any) -> None:
+    """Wait until every worker gets here: a collective sum over the layer's strategy."""
+    import tensorflow as tf
+
+    strategy = layer._sharded.strategy
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+
+def _table_arrays(layer: Any, slots: list[Any]) -> dict[str, np.ndarray]:
+    rows = local_table_rows(layer, slots)
+    arrays = {"keys": rows["keys"], "key_slots": rows["slots"], "vectors": rows["vectors"]}
+    arrays.update({f"slot_{j}": rows[f"extra_{j}"] for j in range(len(slots))})
+    return arrays
+
+
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, *,
                     state: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Write `model` (and `optimizer`) plus free-form `state` (step, epoch...) to `path`."""
+    """Write `model` (and `optimizer`) plus free-form `state` (step, epoch...) to `path`.
+
+    Tables sharded over several worker processes: every worker calls this with the same `path`
+    (a directory all of them can reach); each writes the rows of its shards, and worker 0 puts
+    the checkpoint together and renames it into place once all have written.
+    """
     tables = _tables(model)
+    partial = [layer for layer in tables if _partial(layer)]
+    workers = partial[0]._sharded.num_shards // len(partial[0]._sharded.components) if partial else 1
+    worker = partial[0]._sharded.replica_ids[0] // len(partial[0]._sharded.components) if partial else 0
+    staging = Path(path).with_name(f".{Path(path).name}.shards")
+    if partial:
+        staging.mkdir(parents=True, exist_ok=True)
+        for i, layer in enumerate(tables):
+            if _partial(layer):
+                np.savez(staging / f"{i}.worker{worker}.npz",
+                         **_table_arrays(layer, table_slots(optimizer, layer.embedding_variable)))
+        _barrier(partial[0])  # every worker's shards are on disk
+    if worker == 0:
+        _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers)
+    if partial:
+        _barrier(partial[0])  # the checkpoint is complete before anyone reads it
+    return Path(path)
+
+
+def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, tables: list[Any],
+                      state: dict[str, Any] | None, overwrite: bool, staging: Path, workers: int) -> None:
     slot_ids = set()
     with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
         (tmp / "tables").mkdir()
         table_entries = []
         for i, layer in enumerate(tables):
-            if layer.num_shards > 1 and len(layer._sharded.components) < layer.num_shards:
-                raise NotImplementedError(f"{layer.name}: this process holds {len(layer._sharded.components)} of "
-                                          f"{layer.num_shards} shards; save sharded tables from one process "
-                                          "(MirroredStrategy)")
             slots = table_slots(optimizer, layer.embedding_variable)
-            rows = local_table_rows(layer, slots)
-            arrays = {"keys": rows["keys"], "key_slots": rows["slots"], "vectors": rows["vectors"]}
-            for j, slot in enumerate(slots):
-                arrays[f"slot_{j}"] = rows[f"extra_{j}"]
-                slot_ids.add(id(slot))
-            np.savez(tmp / "tables" / f"{i}.npz", **arrays)
+            slot_ids.update(id(slot) for slot in slots)
+            if _partial(layer):
+                parts = [staging / f"{i}.worker{w}.npz" for w in range(workers)]
+                for w, part in enumerate(parts):
+                    shutil.move(part, tmp / "tables" / f"{i}.worker{w}.npz")
+                keys = sum(len(np.load(tmp / "tables" / f"{i}.worker{w}.npz")["keys"]) for w in range(workers))
+            else:
+                arrays = _table_arrays(layer, slots)
+                np.savez(tmp / "tables" / f"{i}.npz", **arrays)
+                keys, parts = len(arrays["keys"]), [None]
             table_entries.append({"layer": _relative(model, layer.path), "rows": layer.capacity,
-                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(len(rows["keys"])),
+                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(keys),
                                   "dynamic": layer.use_hashtable, "sharding": layer.sharding,
-                                  "shards": layer.num_shards, "slots": [s.name for s in slots]})
+                                  "shards": layer.num_shards, "files": len(parts), "slots": [s.name for s in slots]})
         dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model)}
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
@@ -91,7 +139,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
                     "optimizer": {"class": type(optimizer).__name__ if optimizer is not None else None,
                                   "variables": [{"name": v.name, "shape": list(v.shape)} for v in opt_vars]}}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return Path(path)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _read_table(path: Path, i: int, entry: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A table's arrays: one file, or one per worker that held shards (concatenated)."""
+    files = entry.get("files", 1)
+    if files == 1 and (path / "tables" / f"{i}.npz").is_file():
+        return dict(np.load(path / "tables" / f"{i}.npz"))
+    parts = [path / "tables" / f"{i}.worker{w}.npz" for w in range(files)]
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise CheckpointMismatch(f"checkpoint {str(path)!r}: table {entry['layer']} lacks {missing} "
+                                 f"({files} shard files expected)")
+    loaded = [np.load(p) for p in parts]
+    return {name: np.concatenate([part[name] for part in loaded]) for name in loaded[0].files}
 
 
 class CheckpointMismatch(ValueError):
@@ -134,7 +196,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     for i, v in enumerate(dense_vars):
         v.assign(dense[f"v{i}"])
     for i, (entry, layer) in enumerate(zip(manifest["tables"], tables)):
-        data = np.load(path / "tables" / f"{i}.npz")
+        data = _read_table(path, i, entry)
         keys, vectors = data["keys"], data["vectors"]
         if layer.num_shards > 1:  # re-shard: every shard takes the keys it owns now
             slots = table_slots(optimizer, layer.embedding_variable)

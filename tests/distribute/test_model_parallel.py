@@ -130,24 +130,33 @@ def test_unreachable_worker_is_a_clear_error() -> None:
 
 
 def test_checkpoint_restores_onto_another_replica_count(runs: Path, tmp_path: Path) -> None:
-    """Saved from 2 replicas, restored on 4 and on 1: training continues identically."""
+    """Saved from 2 replicas (one process) and from 2 worker processes (a file per worker),
+    restored on 4 replicas and on 1: training continues identically."""
     case = ["--case", CASES[1]]
-    first = subprocess.run([*MODULE, "--replicas", "2", *case, "--save", str(tmp_path / "ckpt")], env=ENV,
-                           capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr[-3000:]
+    saves = {"ckpt": [*MODULE, "--replicas", "2", *case, "--save", str(tmp_path / "ckpt")],
+             "ckpt_workers": [sys.executable, "-m", "sok_tutorial.launch", "--workers", "2", *MODULE[1:], *case,
+                              "--save", str(tmp_path / "ckpt_workers")]}
+    with ThreadPoolExecutor(2) as pool:
+        for done in pool.map(lambda c: subprocess.run(c, env=ENV, capture_output=True, text=True, timeout=300),
+                             saves.values()):
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "ckpt_workers" / "tables").iterdir()) == ["0.worker0.npz",
+                                                                                       "0.worker1.npz"]
 
-    def resume(n: int) -> subprocess.CompletedProcess:
-        return subprocess.run([*MODULE, "--replicas", str(n), *case, "--restore", str(tmp_path / "ckpt"),
-                               "--out", str(tmp_path / f"resumed{n}")], env=ENV, capture_output=True, text=True,
-                              timeout=300)
+    def resume(run: tuple[str, int]) -> subprocess.CompletedProcess:
+        ckpt, n = run
+        return subprocess.run([*MODULE, "--replicas", str(n), *case, "--restore", str(tmp_path / ckpt),
+                               "--out", str(tmp_path / f"{ckpt}-resumed{n}")], env=ENV, capture_output=True,
+                              text=True, timeout=300)
 
     with ThreadPoolExecutor(2) as pool:
-        for done in pool.map(resume, (1, 4)):
+        for done in pool.map(resume, [("ckpt", 1), ("ckpt", 4), ("ckpt_workers", 1)]):
             assert done.returncode == 0, done.stderr[-3000:]
-    losses_1, keys_1, table_1 = _load(tmp_path, "resumed1", CASES[1])
-    losses_4, keys_4, table_4 = _load(tmp_path, "resumed4", CASES[1])
-    np.testing.assert_allclose(losses_4, losses_1, atol=2e-6)
-    np.testing.assert_array_equal(keys_4, keys_1)
-    np.testing.assert_allclose(table_4, table_1, atol=2e-6)
+    losses_1, keys_1, table_1 = _load(tmp_path, "ckpt-resumed1", CASES[1])
+    for other in ("ckpt-resumed4", "ckpt_workers-resumed1"):
+        losses_n, keys_n, table_n = _load(tmp_path, other, CASES[1])
+        np.testing.assert_allclose(losses_n, losses_1, atol=2e-6)
+        np.testing.assert_array_equal(keys_n, keys_1)
+        np.testing.assert_allclose(table_n, table_1, atol=2e-6)
     fresh = _load(runs, "n1", CASES[1])[0]  # the same batches from scratch
     assert losses_1[0] != pytest.approx(fresh[0], abs=1e-4)  # the restore really loaded trained state
