@@ -86,13 +86,24 @@ def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     raise TypeError(f"{name} must be a tf.SparseTensor or tf.RaggedTensor [batch, None], got {type(ids).__name__}")
 
 
+def _lookup(table: Any, keys: tf.Tensor) -> tf.Tensor:
+    """Rows of a table, or vectors of keys through a SOK layer (a one-slot table there)."""
+    if hasattr(table, "_vectors") and hasattr(table, "max_vocabulary_size_per_gpu"):
+        if not table.built:  # (under a strategy, build layers in its scope before strategy.run)
+            table.build()
+        return table._vectors(keys, None, slots=lambda: tf.zeros_like(keys))
+    return tf.gather(table, keys)
+
+
 def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], combiners: Sequence[str],
                                   partition_strategy: str = "mod", sp_weights: Any = None, name: str | None = None,
                                   fused: bool = False) -> list[tf.Tensor]:
     """DeepRec's grouped lookup: ``[combine(params[i][sp_ids[i]]) for i]`` in one call.
 
     Args:
-        params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors).
+        params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors), or SOK
+            embedding layers, whose keys go through the layer: its vocabulary, and its shards
+            when the layer is sharded over replicas (call this inside ``strategy.run`` then).
         sp_ids: row ids per table, ``tf.SparseTensor`` or ``tf.RaggedTensor`` ``[batch, None]``.
         combiners: ``"sum"`` or ``"mean"`` per table.
         fused: reduce all tables of the same width with one segment sum. Off by default: on CPU,
@@ -119,7 +130,7 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         checks.one_of(f"combiners[{i}]", c, COMBINERS)
     with tf.name_scope(name or "group_embedding_lookup_sparse"):
         parts = [_ids(ids, f"sp_ids[{i}]") for i, ids in enumerate(sp_ids)]
-        vectors = [tf.gather(p, tf.cast(v, tf.int64)) for p, (v, _, _) in zip(params, parts)]
+        vectors = [_lookup(p, tf.cast(v, tf.int64)) for p, (v, _, _) in zip(params, parts)]
         if not fused:
             return [combine(vec, seg, n, c) for vec, (_, seg, n), c in zip(vectors, parts, combiners)]
         out: list[tf.Tensor | None] = [None] * len(params)

@@ -113,3 +113,33 @@ def test_bad_tf_config_is_a_clear_error(monkeypatch):
     config = cluster_from_environment()
     assert config["task"]["index"] == 1 and len(config["cluster"]["worker"]) == 2
     assert json.loads(os.environ["TF_CONFIG"]) == config
+
+
+def _grouped(strategy) -> list[np.ndarray]:
+    """A grouped lookup over a row-sharded, a table-wise and a replicated table, run per replica."""
+    keras.utils.set_random_seed(0)
+    n = strategy.num_replicas_in_sync
+    with strategy.scope():
+        layers = [sok.DistributedEmbedding("sum", 64 // n, 3, slot_num=1, max_nnz=4, sharding=mode, name=f"t{i}")
+                  for i, mode in enumerate(("row", "table", "replicated"))]
+        for layer in layers:
+            layer.build()
+    ids = [tf.ragged.constant([[1, 2**40], [7], [], [3, 3, 5]], dtype=tf.int64) for _ in layers]
+
+    @tf.function
+    def run():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            part = [ids_i[r * (4 // n):(r + 1) * (4 // n)] for ids_i in ids]
+            return sok.group_embedding_lookup_sparse(layers, part, ["sum", "mean", "sum"])
+        return strategy.run(replica)
+    out = run()
+    return [np.concatenate([t.numpy() for t in strategy.experimental_local_results(o)]) for o in out]
+
+
+def test_grouped_lookup_over_sharded_tables_equals_one_device(strategy_of):
+    one, two = _grouped(strategy_of(1)), _grouped(strategy_of(2))
+    for a, b in zip(one, two):
+        assert a.shape == (4, 3)
+        np.testing.assert_allclose(b, a, atol=1e-7)
+    assert np.allclose(one[0][2], 0) and not np.allclose(one[0][0], 0)  # an empty bag, a real one
