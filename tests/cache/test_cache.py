@@ -21,10 +21,12 @@ pytest.importorskip("rocksdict")
 import sok_tutorial as sok  # noqa: E402
 from data_gen.criteo import CAT_NAMES, write_criteo_parquet  # noqa: E402
 from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache, HostMemoryPS, PSLocked  # noqa: E402
+from sok_tutorial.cache.staging import KeysetIndex  # noqa: E402
 from sok_tutorial.data import ParquetLoader  # noqa: E402
 from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
 from sok_tutorial.data.schema import Schema  # noqa: E402
 from sok_tutorial.data.transforms import Transform  # noqa: E402
+from sok_tutorial.embedding.vocabulary import keyed_initial_values  # noqa: E402
 
 CARDS = [4000 + 100 * i for i in range(26)]
 VOCAB = sum(CARDS)
@@ -75,8 +77,9 @@ OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "lazy_adam": lambda: so
               "sgd_momentum": lambda: sok.optimizers.SGD(0.05, momentum=0.9)}
 
 
-@pytest.mark.parametrize("store,opt", [("host", "adam"), ("disk", "lazy_adam"), ("host", "sgd_momentum")])
-def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, opt):
+@pytest.mark.parametrize("store,opt,prefetch", [("host", "adam", False), ("disk", "lazy_adam", True),
+                                                ("host", "sgd_momentum", True), ("disk", "adam", False)])
+def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, opt, prefetch):
     files, offsets = data
     reference = build(VOCAB, OPTIMIZERS[opt]())
     cached = build(CAPACITY, OPTIMIZERS[opt]())
@@ -85,16 +88,18 @@ def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, 
     ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
     cache = EmbeddingTrainingCache(cached, ps, device_capacity_rows=CAPACITY)
     ref_losses, cache_losses = [], []
-    for epoch in range(2):
-        for f in files:  # one pass per file, the cache's unit of work
-            for features, labels in loader([f], AddOffsets(offsets)):
-                ref_losses.append(float(reference.train_on_batch(features, labels)))
-            keys = read_keyset(keyset_path(f))
-            assert len(keys) <= CAPACITY
-            cache.update(keyset_path(f))
-            for features, labels in loader([f], cache.transform(offsets)):
-                cache_losses.append(float(cached.train_on_batch(features, labels)))
-            cache.write_back()
+    order = files + files  # two epochs, one pass per file, the cache's unit of work
+    for i, f in enumerate(order):
+        for features, labels in loader([f], AddOffsets(offsets)):
+            ref_losses.append(float(reference.train_on_batch(features, labels)))
+        keys = read_keyset(keyset_path(f))
+        assert len(keys) <= CAPACITY
+        cache.update(keyset_path(f))
+        if prefetch and i + 1 < len(order):
+            cache.prefetch(keyset_path(order[i + 1]))  # pulled while this pass trains
+        for features, labels in loader([f], cache.transform(offsets)):
+            cache_losses.append(float(cached.train_on_batch(features, labels)))
+        cache.write_back()
     np.testing.assert_allclose(cache_losses, ref_losses, rtol=2e-5, atol=1e-6)
     for layer in ("deep", "wide"):
         keys = ps.keys(layer)
@@ -113,6 +118,81 @@ def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, 
     ps.close()
 
 
+def _server_rows(cache, layer, keys):
+    """What `update` must load: the server's rows, initial vectors and zero state for keys it lacks."""
+    rows, found = cache.ps.pull(layer.name, keys)
+    dim = layer.embedding_vec_size
+    rows[~found, :dim] = keyed_initial_values(keys[~found], dim, layer.init)
+    return rows
+
+
+@pytest.mark.parametrize("store", ["host", "disk"])
+def test_update_loads_the_server_rows_whatever_was_prefetched(tmp_path, store):
+    """Passes, evaluation passes, prefetches of the right and of the wrong keyset, and a load that
+    rewinds the server, in random order: every update loads exactly the server's rows."""
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
+    cache = EmbeddingTrainingCache(model, ps, device_capacity_rows=CAPACITY)
+    rng = np.random.default_rng(0)
+    keysets = [np.unique(rng.integers(-500, 3000, 700)) for _ in range(4)]  # overlapping
+    following = keysets[0]
+    for step in range(16):
+        keys = following
+        cache.update(keys)
+        for layer in cache.layers:
+            np.testing.assert_array_equal(cache._read(layer, len(keys)), _server_rows(cache, layer, keys))
+        following = keysets[rng.integers(len(keysets))]
+        action = step % 4 if step < 8 else rng.integers(4)
+        if action in (1, 2):
+            cache.prefetch(following if action == 1 else keysets[rng.integers(len(keysets))])  # maybe wrong
+        for _ in range(2):
+            batch = {"categorical": tf.constant(cache.remap(rng.choice(keys, (8, 26))))}
+            model.train_on_batch(batch, tf.ones([8, 1]))
+        if action == 3:
+            cache.discard()  # an evaluation pass: the server keeps its rows
+        else:
+            cache.write_back()
+        if step == 3:
+            cache.save_params_to_files(tmp_path / "params")
+        if step == 9:
+            cache.prefetch(following)
+            cache.load_params_from_files(tmp_path / "params")  # the server's rows go back to step 3
+    ps.close()
+
+
+def test_keyset_index_dense_and_sparse_agree():
+    rng = np.random.default_rng(1)
+    extremes = np.array([-2**63, -2**63 + 1, -1, 0, 1, 2**63 - 2, 2**63 - 1], np.int64)
+    for keys in (np.unique(rng.integers(0, 10_000, 3000)), np.unique(rng.integers(-50, 50, 40)),
+                 np.unique(np.concatenate([extremes, rng.integers(-10**6, 10**6, 100)])), np.array([5]),
+                 np.zeros(0, np.int64)):
+        queries = np.concatenate([keys, rng.integers(-20_000, 20_000, 500), extremes]).reshape(1, -1)
+        dense, sparse = KeysetIndex(keys), KeysetIndex(keys)
+        sparse._lut = None
+        expected = np.array([np.searchsorted(keys, q) if q in set(keys.tolist()) else -1 for q in queries.ravel()])
+        np.testing.assert_array_equal(dense.positions(queries), expected.reshape(queries.shape))
+        np.testing.assert_array_equal(sparse.positions(queries), expected.reshape(queries.shape))
+        assert dense.positions(queries).dtype == np.int64
+
+
+def test_disk_ps_keeps_its_keys_in_step_and_reopens_with_them(tmp_path):
+    rng = np.random.default_rng(2)
+    first, second = rng.permutation(np.arange(-300, 300)), np.array([10**15, -7, 1000, 2**63 - 1, -2**63])
+    with DiskPS(tmp_path / "ps") as ps:
+        ps.ensure_table("t", 2)
+        ps.push("t", first, np.stack([first, -first], 1).astype(np.float32))  # unsorted, negatives
+        ps.push("t", second, np.stack([second, second], 1).astype(np.float32))
+        written = np.unique(np.concatenate([first, second]))
+        np.testing.assert_array_equal(ps.keys("t"), written)
+    with DiskPS(tmp_path / "ps") as ps:  # a scan of the store rebuilds the keys on first use
+        wanted = np.array([5, 12345, -7, -300, 300, 2**63 - 1])
+        rows, found = ps.pull("t", wanted)
+        assert found.tolist() == [True, False, True, True, False, True]
+        assert rows[:2].tolist() == [[5, -5], [0, 0]] and rows[3].tolist() == [-300, 300]
+        np.testing.assert_array_equal(ps.keys("t"), written)
+        assert ps.size("t") == len(written)
+
+
 def test_incremental_model_and_save_load(data, tmp_path):
     files, offsets = data
     model = build(CAPACITY, sok.optimizers.Adam(0.01))
@@ -122,6 +202,14 @@ def test_incremental_model_and_save_load(data, tmp_path):
                         eval_pass=([files[2]], None))
     assert len(records) == 2 and all(r["pull_s"] >= 0 and r["write_back_s"] > 0 for r in records)
     assert all(0.3 < r["eval_loss"] < 0.8 for r in records)
+    twin = EmbeddingTrainingCache(build(CAPACITY, sok.optimizers.Adam(0.01)), HostMemoryPS(),
+                                  device_capacity_rows=CAPACITY)  # without eval_pass, fit prefetches
+    twin_records = twin.fit([([files[0]], None), ([files[1]], None)], batch_size=100, label_names=["label"],
+                            cat_names=CAT_NAMES, key_offsets=offsets, concat_categorical=True)
+    assert [r["loss"] for r in twin_records] == [r["loss"] for r in records]
+    for layer in ("deep", "wide"):
+        np.testing.assert_array_equal(twin.ps.pull(layer, cache.ps.keys(layer))[0],
+                                      cache.ps.pull(layer, cache.ps.keys(layer))[0])
     increment = cache.get_incremental_model()
     seen = np.unique(np.concatenate([read_keyset(keyset_path(f)) for f in files[:2]]))
     for layer, (keys, vectors) in increment.items():
