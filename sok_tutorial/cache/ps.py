@@ -12,8 +12,9 @@ Every call works on whole batches of keys, and `push` is all or nothing.
   scan of the store reads them on first use, every push merges its new keys after RocksDB took
   it), so a pull asks RocksDB only for keys the table holds. A point lookup costs about 2 us
   on our machine whether the key exists or not, and a pass brings many new keys (40-60% of
-  what the training cache pulls in the benchmark), so this took the benchmark's pull from
-  ~0.26 s to ~0.08 s a pass (0.54 s before the cache reused the rows of keys it still holds).
+  what the training cache pulls in the benchmark), so this took the server's pulls in a
+  benchmark pass from ~0.26 s to ~0.08 s (0.54 s before the cache reused the rows of keys it
+  still holds).
   Record keys and values are built in NumPy (``tolist`` of a void view), not by slicing bytes
   in Python: ~50 ms less per pull and per push.
 
