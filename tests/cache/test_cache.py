@@ -175,22 +175,31 @@ def test_keyset_index_dense_and_sparse_agree():
         assert dense.positions(queries).dtype == np.int64
 
 
-def test_disk_ps_keeps_its_keys_in_step_and_reopens_with_them(tmp_path):
+@pytest.mark.parametrize("store", ["host", "disk"])
+def test_servers_keep_their_keys_in_step(tmp_path, store):
+    """Unsorted and negative keys, pushed over each other; DiskPS reopens with its keys."""
     rng = np.random.default_rng(2)
     first, second = rng.permutation(np.arange(-300, 300)), np.array([10**15, -7, 1000, 2**63 - 1, -2**63])
-    with DiskPS(tmp_path / "ps") as ps:
-        ps.ensure_table("t", 2)
-        ps.push("t", first, np.stack([first, -first], 1).astype(np.float32))  # unsorted, negatives
-        ps.push("t", second, np.stack([second, second], 1).astype(np.float32))
-        written = np.unique(np.concatenate([first, second]))
-        np.testing.assert_array_equal(ps.keys("t"), written)
-    with DiskPS(tmp_path / "ps") as ps:  # a scan of the store rebuilds the keys on first use
-        wanted = np.array([5, 12345, -7, -300, 300, 2**63 - 1])
+    written = np.unique(np.concatenate([first, second]))
+    wanted = np.array([5, 12345, -7, -300, 300, 2**63 - 1])
+
+    def check(ps):
         rows, found = ps.pull("t", wanted)
         assert found.tolist() == [True, False, True, True, False, True]
         assert rows[:2].tolist() == [[5, -5], [0, 0]] and rows[3].tolist() == [-300, 300]
+        assert rows[2].tolist() == [-7, -7] and rows[5].tolist() == [np.float32(2**63 - 1)] * 2
         np.testing.assert_array_equal(ps.keys("t"), written)
         assert ps.size("t") == len(written)
+
+    ps = HostMemoryPS(initial_rows=8) if store == "host" else DiskPS(tmp_path / "ps")  # host: grows twice
+    ps.ensure_table("t", 2)
+    ps.push("t", first, np.stack([first, -first], 1).astype(np.float32))
+    ps.push("t", second, np.stack([second, second], 1).astype(np.float32))
+    check(ps)
+    ps.close()
+    if store == "disk":
+        with DiskPS(tmp_path / "ps") as ps:  # a scan of the store reads the keys on first use
+            check(ps)
 
 
 def test_incremental_model_and_save_load(data, tmp_path):
