@@ -32,16 +32,16 @@ device tables of 10% of a 3.1M-key vocabulary, sparse Adam, a 2-core CPU; second
     ============  ============  =============  ==========  =================================
     server        vs in-memory  update (pull)  write_back  before (vs in-memory, pull, w-b)
     ============  ============  =============  ==========  =================================
-    HostMemoryPS  0.84x         0.10           0.15        0.68x, 0.11, 0.23
-    DiskPS        0.81x         0.14           0.27        0.47x, 0.54, 0.45
+    HostMemoryPS  0.90x         0.08           0.08        0.68x, 0.11, 0.23
+    DiskPS        0.80x         0.17           0.27        0.47x, 0.54, 0.45
     ============  ============  =============  ==========  =================================
 
-Three full runs on the shared machine gave 0.73-0.88x and 0.70-0.81x. Of HostMemoryPS's
-write-back, ~0.1 s is the push, mostly growing and filling the kernels' `HashTable` (its NumPy
-insert works in probe rounds). With `prefetch`, `update` takes 0.05-0.08 s, but on two cores
-the background thread competes with training for the CPU and the GIL (RocksDB reads hold it):
-samples/s did not improve (0.81x and 0.73x in the run above; equal within noise in others). It
-is meant for machines whose cores sit idle while the device trains (not measured here).
+Another run gave 0.88x and 0.68x (training time itself varies by ~10% on the shared machine).
+DiskPS's write-back is mostly RocksDB taking one batch of ~225k records. With `prefetch`, `update`
+takes ~0.07 s with either server, but on two cores the background thread competes with
+training for the CPU and the GIL (RocksDB reads hold it): samples/s did not improve (0.86x and
+0.79x in the run above, 0.85x and 0.71x in the other). It is meant for machines whose cores
+sit idle while the device trains (not measured here).
 
 Example:
     >>> import numpy as np, keras, tensorflow as tf
