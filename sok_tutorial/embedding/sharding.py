@@ -43,7 +43,6 @@ keys, dim 16, global batch 4096, on 2 and 4 logical CPU devices: 50 and 68 ms pe
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,7 +133,6 @@ class ShardedTable:
         self.mode = mode
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
-        self.lock = threading.RLock()
 
     # ------------------------------------------------------------------ building
     def build(self, variable: Any) -> None:
