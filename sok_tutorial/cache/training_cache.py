@@ -63,8 +63,6 @@ Example:
 """
 from __future__ import annotations
 
-import json
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -74,7 +72,7 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.atomic import atomic_directory, write_file
+from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
 from sok_tutorial.cache.staging import KeysetIndex, Prefetch
 from sok_tutorial.data.keyset import keyset_path, read_keyset
@@ -82,8 +80,6 @@ from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.layers import _EmbeddingBase
 from sok_tutorial.embedding.vocabulary import keyed_initial_values
 from sok_tutorial.optimizers import _slot_prefix, _tf
-
-LATEST = "LATEST"
 
 
 class KeysetRemap(Transform):
@@ -393,61 +389,24 @@ class EmbeddingTrainingCache:
         return np.concatenate([read_keyset(p) for p in paths])
 
     # ------------------------------------------------------------------ save / load
-    def _dense_variables(self) -> dict[str, Any]:
-        tables = {id(layer.embedding_variable) for layer in self.layers}
-        slots = {id(v) for pairs in self.slots.values() for v, _ in pairs}
-        out = {f"model/{v.path}": v for v in self.model.variables if id(v) not in tables}
-        out |= {f"optimizer/{v.name}": v for v in self.optimizer.variables if id(v) not in slots}
-        return out
-
     def save_params_to_files(self, directory: str | Path | None = None) -> Path:
         """Write dense weights, every table row and its optimizer state under `directory`.
 
         Each save is a new ``params-NNNNNN`` folder, complete before ``LATEST`` names it (both
         atomic), so a crash at any moment leaves the previous save loadable. Keeps the last two.
+        The layout is in `sok_tutorial.cache.params`.
         """
         root = Path(directory) if directory is not None else self.dest
         if root is None:
             raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
         if self.active:
             self._sync()
-        root.mkdir(parents=True, exist_ok=True)
-        done = sorted(p.name for p in root.glob("params-[0-9]*") if p.is_dir())
-        name = f"params-{int(done[-1].split('-')[1]) + 1 if done else 0:06d}"
-        with atomic_directory(root / name, overwrite=False, arg="directory") as tmp:
-            dense = self._dense_variables()
-            np.savez(tmp / "dense.npz", **{k: np.asarray(v.numpy()) for k, v in dense.items()})
-            for layer in self.layers:
-                keys = self.ps.keys(layer.name)
-                rows, _ = self.ps.pull(layer.name, keys)
-                np.save(tmp / f"{layer.name}.keys.npy", keys)
-                np.save(tmp / f"{layer.name}.rows.npy", rows)
-            (tmp / "meta.json").write_text(json.dumps({"widths": self.widths, "dims": {
-                layer.name: layer.embedding_vec_size for layer in self.layers}}, indent=2, sort_keys=True))
-        write_file(root / LATEST, name)
-        for old in done[:-1]:
-            shutil.rmtree(root / old, ignore_errors=True)
-        return root / name
+        return params.save_params(self, root)
 
     def load_params_from_files(self, directory: str | Path) -> Path:
         """Load the save `LATEST` names: dense weights into the model, rows into the server."""
-        root = Path(directory)
-        if not (root / LATEST).exists():
-            raise FileNotFoundError(f"directory={str(root)!r} holds no saved parameters ({LATEST} is missing)")
-        folder = root / (root / LATEST).read_text().strip()
-        meta = json.loads((folder / "meta.json").read_text())
-        if meta["widths"] != self.widths:
-            raise ValueError(f"saved tables {meta['widths']} do not match this model and optimizer {self.widths}")
-        dense = self._dense_variables()
-        with np.load(folder / "dense.npz") as saved:
-            missing = sorted(set(dense) - set(saved.files))
-            if missing:
-                raise ValueError(f"the save in {str(folder)!r} lacks variables {missing[:5]}")
-            for key, variable in dense.items():
-                variable.assign(saved[key])
+        folder, tables = params.load_params(self, Path(directory))
         self._cancel_prefetch()
         self._known = None  # the server's rows change under the cache
-        self.ps.push_tables({layer.name: (np.load(folder / f"{layer.name}.keys.npy"),
-                                          np.load(folder / f"{layer.name}.rows.npy")) for layer in self.layers})
+        self.ps.push_tables(tables)
         return folder
-
