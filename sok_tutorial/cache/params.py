@@ -7,7 +7,8 @@ atomically): a crash at any moment leaves the previous save loadable. The last t
 A folder holds:
 
 * ``dense.npz``: the model's variables other than the tables, and the optimizer's variables
-  other than the tables' slots;
+  other than the tables' slots, named relative to the model (see `dense_variables` and `match`,
+  which loads them into another instance of the model, whatever Keras numbered its layers);
 * ``<table>.keys.npy`` and ``<table>.rows.npy``: every key the parameter server holds and its
   row (vector, then optimizer state);
 * ``meta.json``: each table's row width and vector size.
@@ -15,6 +16,7 @@ A folder holds:
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,15 +29,71 @@ if TYPE_CHECKING:
     from sok_tutorial.cache.training_cache import EmbeddingTrainingCache
 
 LATEST = "LATEST"
+_AUTO_NUMBER = re.compile(r"_\d+(?=[/_]|$)")  # Keras' per-process suffix: dense_3/, seed_generator_6/
 
 
 def dense_variables(cache: EmbeddingTrainingCache) -> dict[str, Any]:
-    """``{name in the save: variable}`` of what is saved besides the tables."""
+    """``{name in the save: variable}`` of what is saved besides the tables, in the model's order.
+
+    Names are relative to the model: its own name, which Keras numbers per process
+    (``wide_and_deep_1``), is left out of variable paths (``model/hidden/kernel``) and of the
+    optimizer's names for them (``optimizer/hidden_kernel_momentum``).
+    """
     tables = {id(layer.embedding_variable) for layer in cache.layers}
     slots = {id(v) for pairs in cache.slots.values() for v, _ in pairs}
-    out = {f"model/{v.path}": v for v in cache.model.variables if id(v) not in tables}
-    out |= {f"optimizer/{v.name}": v for v in cache.optimizer.variables if id(v) not in slots}
+    named = [(f"model/{_relative(v.path, cache.model.name + '/')}", v)
+             for v in cache.model.variables if id(v) not in tables]
+    named += [(f"optimizer/{_relative(v.name, cache.model.name + '_')}", v)
+              for v in cache.optimizer.variables if id(v) not in slots]
+    out: dict[str, Any] = {}
+    for name, variable in named:
+        key, k = name, 1
+        while key in out:  # names Keras does not keep unique stay apart, in order
+            key, k = f"{name}#{k}", k + 1
+        out[key] = variable
     return out
+
+
+def _relative(name: str, head: str) -> str:
+    return name[len(head):] if name.startswith(head) and len(name) > len(head) else name
+
+
+def _group(name: str, shape: Any) -> tuple[str, tuple[int, ...]]:
+    """A variable's name without Keras' auto-numbers (``dense_3`` -> ``dense``), and its shape."""
+    return _AUTO_NUMBER.sub("", name.split("#")[0]), tuple(int(d) for d in shape)
+
+
+def match(saved: dict[str, tuple[int, ...]], current: dict[str, Any], where: str) -> list[tuple[str, Any]]:
+    """Pair saved arrays (``{name: shape}`` in save order) with the variables of `current`.
+
+    Layers and seed generators that Keras names itself are numbered per process, in the order
+    they are built, so a second instance of a model (or a new process that builds other layers
+    first) names the same variables differently: ``dense_3/kernel`` for ``dense/kernel``. Names
+    are therefore compared without those numbers, together with shapes, and variables of one
+    such group pair up in order (the model's own order, which its architecture fixes).
+
+    Raises:
+        ValueError: the groups differ (a variable missing on one side, or another shape); the
+            message names them.
+    """
+    groups: dict[tuple[str, tuple[int, ...]], tuple[list[str], list[Any]]] = {}
+    for name, shape in saved.items():
+        groups.setdefault(_group(name, shape), ([], []))[0].append(name)
+    for name, variable in current.items():
+        groups.setdefault(_group(name, variable.shape), ([], []))[1].append(variable)
+    surplus = {"the save": [], "the model": []}
+    for (name, shape), (a, b) in groups.items():
+        if len(a) != len(b):
+            n = abs(len(a) - len(b))
+            surplus["the save" if len(a) > len(b) else "the model"].append(
+                f"{name} {list(shape)}" + (f" (x{n})" if n > 1 else ""))
+    if any(surplus.values()):
+        raise ValueError(f"the save in {where!r} does not match this model's variables (compared by name without "
+                         "Keras' auto-numbers, and shape): " + "; ".join(
+                             f"only in {side}: {', '.join(items[:4])}" + (f" and {len(items) - 4} more"
+                                                                          if len(items) > 4 else "")
+                             for side, items in surplus.items() if items))
+    return [pair for names, variables in groups.values() for pair in zip(names, variables)]
 
 
 def save_params(cache: EmbeddingTrainingCache, root: Path) -> Path:
@@ -70,13 +128,11 @@ def load_params(cache: EmbeddingTrainingCache, root: Path) -> tuple[Path, dict[s
     meta = json.loads((folder / "meta.json").read_text())
     if meta["widths"] != cache.widths:
         raise ValueError(f"saved tables {meta['widths']} do not match this model and optimizer {cache.widths}")
-    dense = dense_variables(cache)
     with np.load(folder / "dense.npz") as saved:
-        missing = sorted(set(dense) - set(saved.files))
-        if missing:
-            raise ValueError(f"the save in {str(folder)!r} lacks variables {missing[:5]}")
-        for key, variable in dense.items():
-            variable.assign(saved[key])
+        arrays = {name: saved[name] for name in saved.files}  # in save order
+    pairs = match({name: a.shape for name, a in arrays.items()}, dense_variables(cache), str(folder))
     tables = {layer.name: (np.load(folder / f"{layer.name}.keys.npy"), np.load(folder / f"{layer.name}.rows.npy"))
               for layer in cache.layers}
+    for name, variable in pairs:  # only once everything is read and matches
+        variable.assign(arrays[name])
     return folder, tables
