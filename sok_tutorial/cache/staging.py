@@ -8,6 +8,8 @@
 * `Prefetch`: pulls rows from the parameter server in a background thread, in chunks (a
   parameter server call may hold the GIL for its whole length, so short calls let the training
   thread run in between), and can be stopped between chunks.
+* `as_keys` and `keys_beside`: a pass's keyset from an array, a keyset file, or the keyset
+  files written beside its data files.
 
 Example:
     >>> import numpy as np
@@ -21,12 +23,43 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from sok_tutorial.data.keyset import keyset_path, read_keyset
 
 _DENSE_FACTOR = 64  # a dense index holds at most this many int32 entries per key ...
 _DENSE_MIN = 1 << 22  # ... or this many entries (16 MiB) whatever the number of keys
 _CHUNK = 4096  # keys per parameter-server call in the background pull
+WRITE_KEYSETS = ("keysets=True on the data_gen writers (e.g. data_gen.criteo.write_criteo_parquet, "
+                 "data_gen.criteo_tsv.preprocess_criteo) or sok_tutorial.data.keyset.write_keyset")
+
+
+def as_keys(keyset: Any) -> np.ndarray:
+    """Sorted unique int64 keys of `keyset`: an integer array, or the path of a keyset file."""
+    if isinstance(keyset, (str, Path)):
+        path = Path(keyset)
+        if not path.exists():
+            raise FileNotFoundError(f"keyset={str(path)!r} does not exist (write it with {WRITE_KEYSETS})")
+        keyset = read_keyset(path)
+    keys = np.asarray(keyset)
+    if keys.dtype.kind not in "iu":
+        raise TypeError(f"keyset must hold integer keys, got dtype {keys.dtype}")
+    keys = keys.astype(np.int64).reshape(-1)
+    return keys if bool(np.all(keys[1:] > keys[:-1])) else np.unique(keys)  # keyset files are sorted
+
+
+def keys_beside(files: Any) -> np.ndarray:
+    """The keys of the keyset files written beside data `files` (a directory, glob or list)."""
+    from sok_tutorial.data.schema import resolve_files
+
+    paths = [keyset_path(f) for f in resolve_files(files)]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"no keyset beside the data files: {missing[:3]} (write them with {WRITE_KEYSETS})")
+    return np.concatenate([read_keyset(p) for p in paths])
 
 
 class KeysetIndex:

@@ -74,8 +74,7 @@ import tensorflow as tf
 from kernels import checks
 from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
-from sok_tutorial.cache.staging import KeysetIndex, Prefetch
-from sok_tutorial.data.keyset import keyset_path, read_keyset
+from sok_tutorial.cache.staging import KeysetIndex, Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.layers import _EmbeddingBase
 from sok_tutorial.embedding.vocabulary import keyed_initial_values
@@ -248,24 +247,11 @@ class EmbeddingTrainingCache:
         return out
 
     def _checked_keyset(self, keyset: Any) -> np.ndarray:
-        keys = self._keyset(keyset)
+        keys = as_keys(keyset)
         if len(keys) > self.capacity:
             raise ValueError(f"the keyset holds {len(keys):,} keys but device_capacity_rows={self.capacity:,}: "
                              "split the file, or give the layers and the cache more rows")
         return keys
-
-    def _keyset(self, keyset: Any) -> np.ndarray:
-        if isinstance(keyset, (str, Path)):
-            path = Path(keyset)
-            if not path.exists():
-                raise FileNotFoundError(f"keyset={str(path)!r} does not exist (write it with "
-                                        "data_gen.keysets.write_keysets or sok_tutorial.data.keyset.write_keyset)")
-            keyset = read_keyset(path)
-        keys = np.asarray(keyset)
-        if keys.dtype.kind not in "iu":
-            raise TypeError(f"keyset must hold integer keys, got dtype {keys.dtype}")
-        keys = keys.astype(np.int64).reshape(-1)
-        return keys if bool(np.all(keys[1:] > keys[:-1])) else np.unique(keys)  # keyset files are sorted
 
     def remap(self, keys: Any) -> np.ndarray:
         """Rows of `keys` (any shape) in the active keyset; keys outside it are an error."""
@@ -337,7 +323,7 @@ class EmbeddingTrainingCache:
         from sok_tutorial.data import ParquetLoader
 
         offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
-        keysets = [self._keyset_of(files, keyset) for files, keyset in passes]
+        keysets = [keyset if keyset is not None else keys_beside(files) for files, keyset in passes]
         records = []
         for i, (files, _) in enumerate(passes):
             self.update(keysets[i])
@@ -366,7 +352,7 @@ class EmbeddingTrainingCache:
         from sok_tutorial.data import ParquetLoader
 
         offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
-        self.update(self._keyset_of(files, keyset))
+        self.update(keyset if keyset is not None else keys_beside(files))
         try:
             loader = ParquetLoader(files, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
                                    transforms=[self.transform(offsets)], **{**loader_kwargs, "shuffle": False})
@@ -374,19 +360,6 @@ class EmbeddingTrainingCache:
         finally:
             self.discard()
             self.history.pop()
-
-    @staticmethod
-    def _keyset_of(files: Any, keyset: Any) -> Any:
-        if keyset is not None:
-            return keyset
-        from sok_tutorial.data.schema import resolve_files
-
-        paths = [keyset_path(f) for f in resolve_files(files)]
-        missing = [str(p) for p in paths if not p.exists()]
-        if missing:
-            raise FileNotFoundError(f"no keyset beside the data files: {missing[:3]} (write them with "
-                                    "data_gen.keysets.write_keysets)")
-        return np.concatenate([read_keyset(p) for p in paths])
 
     # ------------------------------------------------------------------ save / load
     def save_params_to_files(self, directory: str | Path | None = None) -> Path:

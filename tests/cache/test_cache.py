@@ -3,7 +3,10 @@ clear errors."""
 from __future__ import annotations
 
 import errno
+import importlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -265,6 +268,30 @@ def test_bad_input_is_named(data, tmp_path):
     with pytest.raises(PSLocked, match="locked"):
         DiskPS(tmp_path / "locked")
     first.close()
+
+
+def _named_functions(message: str) -> list[str]:
+    """The dotted names of data_gen / sok_tutorial functions that `message` tells users to call."""
+    names = re.findall(r"\b(?:data_gen|sok_tutorial)(?:\.\w+)+", message)
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr)), f"{name} in {message!r}"
+    return names
+
+
+def test_missing_keysets_point_to_functions_that_exist(data, tmp_path):
+    files, offsets = data
+    cache = EmbeddingTrainingCache(build(CAPACITY, sok.optimizers.Adam(0.01)), HostMemoryPS(),
+                                   device_capacity_rows=CAPACITY)
+    with pytest.raises(FileNotFoundError, match="keyset=") as info:
+        cache.update(tmp_path / "nope.keyset")
+    assert "sok_tutorial.data.keyset.write_keyset" in _named_functions(str(info.value))
+    shutil.copy(files[0], tmp_path / files[0].name)  # a data file without its keyset
+    with pytest.raises(FileNotFoundError, match="no keyset beside") as info:
+        cache.evaluate([tmp_path / files[0].name], batch_size=100, label_names=["label"], cat_names=CAT_NAMES,
+                       key_offsets=offsets, concat_categorical=True)
+    assert "data_gen.criteo.write_criteo_parquet" in _named_functions(str(info.value))
+    assert "keysets=True" in str(info.value) and not cache.active
 
 
 def test_disk_full_during_write_back_commits_nothing(tmp_path):
