@@ -107,6 +107,11 @@ class EmbeddingTrainingCache:
         dest_sparse_models: the directory `save_params_to_files` writes by default and
             ``train_from_scratch=False`` loads.
         optimizer: defaults to ``model.optimizer``; built here if it is not yet.
+
+    Attributes:
+        history: one record per pass that trained (``keys``, ``pull_s``, ``write_back_s``; `fit`
+            adds its own), in order. Evaluation passes (`evaluate`, or `discard` after `update`)
+            leave none.
     """
 
     def __init__(self, model: Any, ps: ParameterServer, device_capacity_rows: int, *, train_from_scratch: bool = True,
@@ -144,6 +149,7 @@ class EmbeddingTrainingCache:
         self._prefetch: tuple[np.ndarray, KeysetIndex | None, Prefetch] | None = None
         self._updated: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}
         self.history: list[dict[str, float]] = []
+        self._pushed = False  # whether the active pass pushed rows (a sync before its end)
         if train_from_scratch:
             sizes = {name: ps.size(name) for name in self.widths}  # one scan of each table
             held = {name: n for name, n in sizes.items() if n}
@@ -203,6 +209,7 @@ class EmbeddingTrainingCache:
                 rows[layer.name] = pulled[layer.name]
             self._write(layer, rows[layer.name])
         self._index, self._before, self._known = index, rows, (index, rows)
+        self._pushed = False
         self.history.append({"keys": len(keys), "pull_s": time.perf_counter() - start, "write_back_s": 0.0})
 
     def prefetch(self, keyset: Any) -> None:
@@ -282,6 +289,7 @@ class EmbeddingTrainingCache:
         self.ps.push_tables(updates)  # all tables or none
         self._before = {name: rows for name, (_, rows) in updates.items()}
         self._known = (self._index, self._before)
+        self._pushed = True
         self.history[-1]["write_back_s"] += time.perf_counter() - start
 
     def write_back(self) -> None:
@@ -292,7 +300,14 @@ class EmbeddingTrainingCache:
         self._index, self._before = None, {}
 
     def discard(self) -> None:
-        """End the active pass without writing it back (after an evaluation-only pass)."""
+        """End the active pass without writing it back (after an evaluation-only pass).
+
+        Its record leaves `history`, unless `get_incremental_model` or `save_params_to_files`
+        pushed its rows before the end (those stay on the server). Without an active pass,
+        nothing happens.
+        """
+        if self.active and not self._pushed:
+            self.history.pop()
         self._index, self._before = None, {}
 
     def get_incremental_model(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -359,7 +374,6 @@ class EmbeddingTrainingCache:
             return {k: float(v) for k, v in self.model.evaluate(loader, verbose=0, return_dict=True).items()}
         finally:
             self.discard()
-            self.history.pop()
 
     # ------------------------------------------------------------------ save / load
     def save_params_to_files(self, directory: str | Path | None = None) -> Path:

@@ -294,6 +294,27 @@ def test_missing_keysets_point_to_functions_that_exist(data, tmp_path):
     assert "keysets=True" in str(info.value) and not cache.active
 
 
+def test_history_holds_the_passes_that_trained(data):
+    files, offsets = data
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    cache = EmbeddingTrainingCache(model, HostMemoryPS(), device_capacity_rows=CAPACITY)
+    cache.update(np.arange(50))
+    model.train_on_batch({"categorical": tf.constant(np.arange(26)[None])}, tf.ones([1, 1]))
+    cache.write_back()
+    trained = dict(cache.history[-1])
+    cache.update(np.arange(100, 200))  # an evaluation pass of a low-level loop
+    cache.discard()
+    cache.discard()  # no active pass: nothing to drop
+    cache.evaluate([files[0]], batch_size=100, label_names=["label"], cat_names=CAT_NAMES, key_offsets=offsets,
+                   concat_categorical=True)
+    assert cache.history == [trained]
+    cache.update(np.arange(60))
+    model.train_on_batch({"categorical": tf.constant(np.arange(26, 52)[None])}, tf.ones([1, 1]))
+    assert len(cache.get_incremental_model()["deep"][0]) > 0  # pushes the pass's rows so far
+    cache.discard()  # what was pushed stays on the server, and so does the record
+    assert len(cache.history) == 2 and cache.history[-1]["keys"] == 60 and cache.history[-1]["write_back_s"] > 0
+
+
 def test_disk_full_during_write_back_commits_nothing(tmp_path):
     model = build(CAPACITY, sok.optimizers.Adam(0.01))
     ps = DiskPS(tmp_path / "ps")
