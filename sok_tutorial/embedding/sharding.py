@@ -36,9 +36,10 @@ collectives::
 all_reduce, on every device type and across processes, but no all-to-all; an all-to-all would
 move N times less and needs NCCL communicators that ``tf.distribute`` does not expose. Between
 the two, ``exchange="all_gather"`` moves fewer bytes for any d > 2, the choice for real
-interconnects, and it measured faster too (``benchmarks/model_parallel.py``: 26 slots x 20k
-keys, dim 16, global batch 4096, on 2 and 4 logical CPU devices: 50 and 68 ms per step against
-61 and 101 ms for all_reduce; on tiny batches the all_reduce variant's fewer ops can win).
+interconnects, and it measured faster or equal too (``benchmarks/model_parallel.py``: 26 slots
+x 20k keys, dim 16, global batch 4096; two runs on 2 logical CPU devices: 40-50 ms per step
+against 49-61 ms for all_reduce; on 4: 62-68 against 63-101 ms; on tiny batches the all_reduce
+variant's fewer ops can win).
 """
 from __future__ import annotations
 
