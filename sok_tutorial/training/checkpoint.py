@@ -28,6 +28,7 @@ import numpy as np
 from sok_tutorial.atomic import atomic_directory
 from sok_tutorial.embedding.layers import is_embedding_variable
 from sok_tutorial.embedding.sharding import local_table_rows
+from sok_tutorial.training.naming import match
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -171,14 +172,11 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     if manifest["model"] != type(model).__name__:
         problems.append(f"model class {manifest['model']} vs {type(model).__name__}")
     saved_dense = {d["path"]: tuple(d["shape"]) for d in manifest["dense"]}
-    have_dense = {_relative(model, v.path): tuple(v.shape) for v in dense_vars}
-    if saved_dense != have_dense:
-        missing = sorted(set(saved_dense) - set(have_dense))[:3]
-        extra = sorted(set(have_dense) - set(saved_dense))[:3]
-        shapes = [f"{p}: {saved_dense[p]} vs {have_dense[p]}" for p in saved_dense
-                  if p in have_dense and saved_dense[p] != have_dense[p]][:3]
-        problems.append(f"dense variables differ (only in checkpoint: {missing}, only in model: {extra}, "
-                        f"shapes: {shapes})")
+    pairs: list[tuple[str, Any]] = []
+    try:  # by path without Keras' per-process numbers (dense_3 -> dense) and shape, in model order
+        pairs = match(saved_dense, {_relative(model, v.path): v for v in dense_vars}, str(path))
+    except ValueError as exc:
+        problems.append(f"dense variables differ ({exc})")
     if len(manifest["tables"]) != len(tables):
         problems.append(f"{len(manifest['tables'])} embedding tables vs {len(tables)}")
     for entry, layer in zip(manifest["tables"], tables):
@@ -192,9 +190,9 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     if problems:
         raise CheckpointMismatch(f"checkpoint {str(path)!r} does not match this model: " + "; ".join(problems))
 
-    dense = np.load(path / "dense.npz")
-    for i, v in enumerate(dense_vars):
-        v.assign(dense[f"v{i}"])
+    dense, position = np.load(path / "dense.npz"), {name: i for i, name in enumerate(saved_dense)}
+    for name, v in pairs:
+        v.assign(dense[f"v{position[name]}"])
     for i, (entry, layer) in enumerate(zip(manifest["tables"], tables)):
         data = _read_table(path, i, entry)
         keys, vectors = data["keys"], data["vectors"]

@@ -202,3 +202,29 @@ def test_fit_bad_arguments():
         fit(model, [], snapshot_interval=5, progress=False)
     with pytest.raises(ValueError, match="evaluation loader yielded no batches"):
         evaluate(model, [])
+
+
+def test_checkpoint_loads_into_a_second_instance_with_other_auto_names(tmp_path):
+    """Keras numbers unnamed layers per process (dense, dense_1, ...): a checkpoint of one
+    instance loads into another built later in the same process, matched by name and shape."""
+    import sok_tutorial as sok
+
+    def build(hidden: int) -> keras.Model:
+        inp = keras.Input([3], dtype="int64")
+        x = keras.layers.Flatten()(sok.DistributedEmbedding("sum", 50, 4, slot_num=3, max_nnz=1)(inp))
+        out = keras.layers.Dense(1)(keras.layers.Dropout(0.1)(keras.layers.Dense(hidden, activation="relu")(x)))
+        return keras.Model(inp, out)
+
+    keys = np.array([[1, 2, 3], [40, 2, 9]])
+    first = build(8)
+    first(keys)
+    save_checkpoint(tmp_path / "ckpt", first)
+    second = build(8)
+    second(keys[:1])
+    assert {v.path.split("/")[-2] for v in second.variables} != {v.path.split("/")[-2] for v in first.variables}
+    load_checkpoint(tmp_path / "ckpt", second)
+    np.testing.assert_array_equal(second(keys).numpy(), first(keys).numpy())
+    other = build(16)
+    other(keys)
+    with pytest.raises(CheckpointMismatch, match=r"only in the save: dense/kernel \[12, 8\]"):
+        load_checkpoint(tmp_path / "ckpt", other)
