@@ -8,7 +8,9 @@ replica (SOK's meaning of the name) and the replicas train one table together:
 * ``"row"`` (SOK "distributed"): key ``k`` lives on replica ``k mod N``; every table is spread
   over all replicas.
 * ``"table"`` (SOK/HugeCTR "localized"): each slot of the layer is a table placed whole on one
-  replica, slots balanced by size (`plan_table_wise`).
+  replica, slots balanced by size (`plan_table_wise`). Slots must use disjoint keys (as the
+  loader's key offsets give): a key seen in two slots on two replicas would get two rows, where
+  one device shares one.
 * ``"replicated"`` (the default): a full copy on every replica, gradients all-reduced; for
   small tables.
 
