@@ -77,8 +77,9 @@ from sok_tutorial.cache.ps import ParameterServer
 from sok_tutorial.cache.staging import KeysetIndex, Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.layers import _EmbeddingBase
+from sok_tutorial.embedding.slots import table_slots
 from sok_tutorial.embedding.vocabulary import keyed_initial_values
-from sok_tutorial.optimizers import _slot_prefix, _tf
+from sok_tutorial.optimizers import _tf
 
 
 class KeysetRemap(Transform):
@@ -161,10 +162,7 @@ class EmbeddingTrainingCache:
 
     # ------------------------------------------------------------------ layout
     def _slots_of(self, variable: Any) -> list[tuple[Any, int]]:
-        prefix, rows = _slot_prefix(variable), int(variable.shape[0])
-        found = [v for v in self.optimizer.variables
-                 if v.name.startswith(prefix) and len(v.shape) >= 1 and int(v.shape[0]) == rows]
-        return [(v, int(np.prod(v.shape[1:]))) for v in found]
+        return [(v, int(np.prod(v.shape[1:]))) for v in table_slots(self.optimizer, variable)]
 
     def _read(self, layer: Any, n: int) -> np.ndarray:
         index = tf.range(n)

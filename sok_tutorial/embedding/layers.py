@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
-from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
+from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable, local_components
 from sok_tutorial.embedding.vocabulary import DynamicVocabulary, InitSpec, init_spec, keyed_initial_values
 
 _INIT_CHUNK = 1 << 20  # rows initialised per pass (bounds the temporary memory of huge tables)
@@ -58,15 +58,10 @@ def is_embedding_variable(variable: Any) -> bool:
 
 def is_sharded_variable(variable: Any) -> bool:
     """A table whose replicas hold different rows (``sharding="row"`` or ``"table"``): its
-    gradients are per-replica and must not be all-reduced."""
-    return bool(getattr(variable, "_sok_sharded", False) or getattr(getattr(variable, "value", None),
-                                                                    "_sok_sharded", False))
-
-
-def _components(variable: Any) -> list[Any]:
-    """The per-device tf.Variables behind a (possibly mirrored) Keras variable."""
-    value = getattr(variable, "value", variable)
-    return list(getattr(value, "values", None) or [value])
+    gradients are per-replica and must not be all-reduced. Takes the Keras or the tf variable."""
+    if isinstance(variable, keras.Variable):
+        variable = variable.value
+    return bool(getattr(variable, "_sok_sharded", False))
 
 
 class _EmbeddingBase(keras.layers.Layer):
@@ -99,7 +94,6 @@ class _EmbeddingBase(keras.layers.Layer):
         if sharded:
             self._sharded = ShardedTable(self, self.sharding, self.exchange, self.slot_sizes)
             self._sharded.build(self.embedding_variable)
-            self.embedding_variable._sok_sharded = True
             self.embedding_variable.value._sok_sharded = True
             self.vocabulary = None  # each shard has its own (ShardedTable.vocabularies)
         super().build(input_shape)
@@ -161,7 +155,7 @@ class _EmbeddingBase(keras.layers.Layer):
             if len(fresh_rows):
                 values = keyed_initial_values(fresh_keys, self.embedding_vec_size, self.init)
                 update = tf.IndexedSlices(tf.constant(values), tf.constant(fresh_rows))
-                for component in _components(self.embedding_variable):
+                for component in local_components(self.embedding_variable):
                     component.scatter_update(update)
         return rows
 

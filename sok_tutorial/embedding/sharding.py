@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.slots import table_slots
 from sok_tutorial.embedding.vocabulary import DynamicVocabulary, keyed_initial_values
 
 SHARDINGS = ("replicated", "row", "table")
@@ -159,18 +160,14 @@ class ShardedTable:
         dynamic = self.layer.use_hashtable or self.mode == "table"
         self.vocabularies = {r: DynamicVocabulary(self.rows, name=f"{self.layer.name}[shard {r}]")
                              for r in self.replica_ids} if dynamic else None
-        self.row_slots = {r: np.full(self.rows, -1, np.int64) for r in self.replica_ids}
+        self.row_slots = {r: np.full(self.rows, -1, np.int64) for r in self.replica_ids} \
+            if self.mode == "table" else None
         if not dynamic:  # static rows: row j of shard r is key j * N + r
             for r, component in zip(self.replica_ids, self.components):
                 component.assign(self.initial_values(np.arange(self.rows, dtype=np.int64) * self.num_shards + r))
 
     def initial_values(self, keys: np.ndarray) -> np.ndarray:
         return keyed_initial_values(keys, self.layer.embedding_vec_size, self.layer.init)
-
-    @property
-    def capacity(self) -> int:
-        """Rows of the whole table over all replicas."""
-        return self.rows * self.num_shards
 
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
         if self.mode == "row":
@@ -281,7 +278,8 @@ class ShardedTable:
         """(keys, rows, slot of each key or -1) stored in one local shard."""
         if self.vocabularies is not None:
             keys, rows = self.vocabularies[replica].export()
-            return keys, rows, self.row_slots[replica][rows]
+            slots = self.row_slots[replica][rows] if self.row_slots is not None else np.full(len(keys), -1)
+            return keys, rows, slots
         rows = np.arange(self.rows, dtype=np.int64)
         return rows * self.num_shards + replica, rows, np.full(self.rows, -1, np.int64)
 
@@ -307,12 +305,13 @@ class ShardedTable:
                 owned = owned[np.argsort(keys[owned], kind="stable")]
                 rows = np.arange(len(owned), dtype=np.int64)
                 self.vocabularies[replica].restore(keys[owned], rows)
-                self.row_slots[replica][:] = -1
-                self.row_slots[replica][rows] = key_slots[owned] if self.mode == "table" else -1
+                if self.row_slots is not None:
+                    self.row_slots[replica][:] = -1
+                    self.row_slots[replica][rows] = key_slots[owned]
             else:
                 rows = keys[owned] // self.num_shards
             for variable, value in zip(variables, values):
-                component = _local_components(variable)[i]
+                component = local_components(variable)[i]
                 if self.vocabularies is None and variable is self.layer.embedding_variable:
                     full = component.numpy()
                 else:
@@ -321,7 +320,7 @@ class ShardedTable:
                 component.assign(full)
 
 
-def _local_components(variable: Any) -> list[Any]:
+def local_components(variable: Any) -> list[Any]:
     """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
     value = getattr(variable, "value", variable)
     return list(getattr(value, "values", None) or [value])
@@ -339,11 +338,11 @@ def local_table_rows(layer: Any, variables: Sequence[Any] = ()) -> dict[str, np.
         else:
             keys = rows = np.arange(int(table.shape[0]), dtype=np.int64)
         parts = [(keys, rows, np.full(len(keys), -1, np.int64), 0)]
-        components = [[_local_components(v)[0]] for v in (table, *variables)]
+        components = [[local_components(v)[0]] for v in (table, *variables)]
     else:
         shards = layer._sharded
         parts = [(*shards.export(r), i) for i, r in enumerate(shards.replica_ids)]
-        components = [_local_components(v) for v in (table, *variables)]
+        components = [local_components(v) for v in (table, *variables)]
     out = {"keys": np.concatenate([p[0] for p in parts]), "slots": np.concatenate([p[2] for p in parts])}
     for j, name in enumerate(["vectors"] + [f"extra_{i}" for i in range(len(variables))]):
         out[name] = np.concatenate([components[j][i].numpy()[rows] for _, rows, _, i in parts])
@@ -352,13 +351,6 @@ def local_table_rows(layer: Any, variables: Sequence[Any] = ()) -> dict[str, np.
 
 def replica_bytes(layers: Sequence[Any], optimizer: Any = None) -> int:
     """Bytes one replica stores for the tables of `layers` (plus their optimizer slots)."""
-    total = 0
-    for layer in layers:
-        table = layer.embedding_variable
-        variables = [table]
-        if optimizer is not None and getattr(optimizer, "built", False):
-            prefix = table.path.replace("/", "_") + "_"
-            variables += [v for v in optimizer.variables if v.name.startswith(prefix) and len(v.shape)
-                          and int(v.shape[0]) == int(table.shape[0])]
-        total += sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
-    return total
+    variables = [v for layer in layers
+                 for v in (layer.embedding_variable, *table_slots(optimizer, layer.embedding_variable))]
+    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)

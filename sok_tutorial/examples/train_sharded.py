@@ -115,7 +115,8 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
         embedding.build()
         head = keras.Sequential([keras.Input((width,)), keras.layers.Dense(16, activation="relu"),
                                  keras.layers.Dense(1)], name="head")
-        model = TableAndHead(embedding, head)
+        model = keras.Sequential([keras.Input((args.slots, args.nnz), dtype="int64"), embedding,
+                                  keras.layers.Flatten(), head], name="model")
         sparse = {"sgd": lambda: sok.optimizers.SGD(0.1), "lazyadam": lambda: sok.optimizers.LazyAdam(0.01),
                   "adam": lambda: sok.optimizers.Adam(0.01)}[args.optimizer]()
         dense = keras.optimizers.SGD(0.1)
@@ -167,28 +168,6 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     if args.out:
         np.savez(f"{args.out}.{tag}.rank{rank}.npz", **result)
     return result
-
-
-def _model_class() -> Any:
-    import keras
-    import tensorflow as tf
-
-    class TableAndHead(keras.Model):
-        """Embedding table -> flatten -> dense head."""
-
-        def __init__(self, embedding: Any, head: Any):
-            super().__init__(name="model")
-            self.embedding, self.head = embedding, head
-
-        def call(self, keys: Any, training: Any = None) -> Any:
-            vectors = self.embedding(keys, training=training)
-            return self.head(tf.reshape(vectors, [tf.shape(vectors)[0], -1]), training=training)
-
-    return TableAndHead
-
-
-def TableAndHead(embedding: Any, head: Any) -> Any:  # noqa: N802 - builds the class lazily (no TF at import)
-    return _model_class()(embedding, head)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import numpy as np
 from sok_tutorial.atomic import atomic_directory
 from sok_tutorial.embedding.layers import is_embedding_variable
 from sok_tutorial.embedding.sharding import local_table_rows
+from sok_tutorial.embedding.slots import table_slots
 from sok_tutorial.training.naming import match
 
 MANIFEST = "manifest.json"
@@ -49,16 +50,6 @@ def _relative(model: Any, path: str) -> str:
     """A variable or layer path inside `model`: without the model's own (auto-numbered) name."""
     head, _, rest = path.partition("/")
     return rest if head == model.name and rest else path
-
-
-def table_slots(optimizer: Any, table: Any) -> list[Any]:
-    """The optimizer variables holding per-row state of `table` (first dimension = its rows)."""
-    if optimizer is None or not getattr(optimizer, "built", False):
-        return []
-    prefix = table.path.replace("/", "_") + "_"  # Keras names slots "<variable path>_<slot>"
-    rows = int(table.shape[0])
-    return [v for v in optimizer.variables
-            if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == rows]
 
 
 def _partial(layer: Any) -> bool:
