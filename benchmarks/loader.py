@@ -13,6 +13,10 @@ Cases (rows/s and peak RSS, each in its own process, interleaved over --repeat r
 and the training-side view: steps/s of a small Keras model fed by the loader vs fed from tensors
 already in memory (train_loader, train_memory).
 
+Every case also reports the CPU seconds it used per wall second (``cores_busy``), and a
+``profile`` child times the loader's stages one after another on one thread (decode, concat,
+shuffle gather, batch slicing + hand-over to TensorFlow): where an epoch's CPU time goes.
+
     python benchmarks/loader.py [--quick] [--rows N] [--batch-size B] [--out build/bench]
 """
 from __future__ import annotations
@@ -103,9 +107,47 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
     else:
         raise ValueError(f"unknown case {case!r}")
     one_pass()  # warm-up pass: OS file cache, allocator pools, tf.data graph tracing
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     rows = one_pass()
-    return {"rows": rows, "seconds": time.perf_counter() - start}
+    seconds = time.perf_counter() - start
+    return {"rows": rows, "seconds": seconds, "cores_busy": (time.process_time() - cpu) / seconds}
+
+
+def profile(data: Path, batch: int) -> dict:
+    """Seconds of each loader stage over one shuffled epoch, run serially on one thread.
+
+    The stages are the ones the loader's threads overlap: decode (pyarrow -> NumPy, per row group),
+    concat (row groups -> one chunk), shuffle (the permuting gather), batch (cut and hand each
+    batch to TensorFlow)."""
+    import numpy as np
+
+    from data_gen.criteo import CAT_NAMES, CONT_NAMES
+    from sok_tutorial.data import ParquetLoader
+    from sok_tutorial.data import columns as cols
+
+    it = ParquetLoader(data / "criteo", batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES, fill_nan=0.0)
+    core = it.core
+    list(core.iterate(it._to_tf, prefetch=1, epoch=0))  # warm-up: file cache, buffer pools
+    stages = {"decode": 0.0, "concat": 0.0, "shuffle": 0.0, "batch": 0.0}
+    rows = 0
+    for index, plan in enumerate(core.chunks(1)):
+        t0 = time.process_time()
+        parts = [core.read_segment(seg, core._read_pool) for seg in plan]
+        t1 = time.process_time()
+        chunk = cols.concat(parts, core._read_pool)
+        del parts
+        t2 = time.process_time()
+        perm = np.random.default_rng([core.seed, 1, core.global_rank, index]).permutation(cols.num_rows(chunk))
+        chunk = cols.take(chunk, perm, core._shuffle_pool)
+        t3 = time.process_time()
+        for start in range(0, cols.num_rows(chunk), batch):
+            features, labels = it._to_tf(core.finish(cols.slice_rows(chunk, start, start + batch)))
+            rows += int(labels.shape[0])
+        del features, labels, chunk
+        t4 = time.process_time()
+        for name, seconds in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            stages[name] += seconds
+    return {"rows": rows, "stages": stages}
 
 
 def train(case: str, loader, steps: int) -> dict:
@@ -162,7 +204,7 @@ def peak_rss_mib() -> float:
 
 def child(argv: list[str]) -> None:
     case, data, batch, steps = argv[0], Path(argv[1]), int(argv[2]), int(argv[3])
-    result = run_case(case, data, batch, steps)
+    result = profile(data, batch) if case == "profile" else run_case(case, data, batch, steps)
     result["peak_rss_mib"] = peak_rss_mib()
     print("RESULT " + json.dumps(result))
 
@@ -181,6 +223,7 @@ def main() -> None:
     prepare(data, rows, native_rows)
 
     results: dict[str, list[dict]] = {c: [] for c in CASES + TRAIN_CASES}
+    profiles: list[dict] = []
     for _ in range(args.repeat):
         for case in CASES + TRAIN_CASES:
             out = subprocess.run([sys.executable, __file__, "--child", case, str(data), str(args.batch_size),
@@ -189,11 +232,18 @@ def main() -> None:
             if out.returncode or not line:
                 raise RuntimeError(f"case {case} failed:\n{out.stderr[-3000:]}")
             results[case].append(json.loads(line[0][7:]))
+        out = subprocess.run([sys.executable, __file__, "--child", "profile", str(data), str(args.batch_size), "0"],
+                             capture_output=True, text=True)
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+        if out.returncode or not line:
+            raise RuntimeError(f"profile failed:\n{out.stderr[-3000:]}")
+        profiles.append(json.loads(line[0][7:]))
 
     table = []
     for case in CASES:
         rates = [r["rows"] / r["seconds"] for r in results[case]]
         table.append({"case": case, "rows": results[case][0]["rows"], "rows_per_s": round(_bench.median(rates)),
+                      "cores_busy": round(_bench.median([r["cores_busy"] for r in results[case]]), 2),
                       "peak_rss_mib": round(max(r["peak_rss_mib"] for r in results[case]))})
     by = {r["case"]: r["rows_per_s"] for r in table}
     for r in table:
@@ -207,9 +257,22 @@ def main() -> None:
     goals = {"parquet_loader_vs_raw_decode": (0.8, by["parquet_loader"] / by["raw_decode"]),
              "parquet_loader_vs_tfrecord_native": (15, by["parquet_loader"] / by["tfrecord_native"]),
              "train_loader_vs_memory": (0.9, train_ratio)}
+    stages = {name: _bench.median([p["stages"][name] / p["rows"] * 1e6 for p in profiles])
+              for name in profiles[0]["stages"]}
+    total = sum(stages.values())
+    # CPU seconds per million rows: the loader's stages (serial) against raw_decode's own CPU time
+    raw_cpu = _bench.median([r["cores_busy"] * r["seconds"] / r["rows"] * 1e6 for r in results["raw_decode"]])
     notes = {"batch_size": args.batch_size, "dataset_rows": rows, "native_rows": native_rows,
-             "goals": {k: {"goal": g, "measured": round(m, 3)} for k, (g, m) in goals.items()}}
+             "goals": {k: {"goal": g, "measured": round(m, 3)} for k, (g, m) in goals.items()},
+             "profile_cpu_s_per_million_rows": {
+                 "raw_decode": round(raw_cpu, 4),
+                 **{f"loader_{name}": round(v, 4) for name, v in stages.items()},
+                 "loader_total": round(total, 4)},
+             "profile_share": {name: round(v / total, 3) for name, v in stages.items()}}
     _bench.report("loader", table, args.out, notes=notes)
+    print("loader stages, CPU s per million rows (serial): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
+          + f"; total {total:.3f} vs raw_decode {raw_cpu:.3f}")
     for name, goal in notes["goals"].items():
         verdict = "met" if goal["measured"] >= goal["goal"] else "NOT met"
         print(f"{name}: {goal['measured']:.3g} (goal {goal['goal']}) {verdict}")
