@@ -29,7 +29,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	@mkdir -p $(BUILD)/bench
-	@set -e; for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f --out $(BUILD)/bench; done
+	@set -e; for f in benchmarks/[!_]*.py; do echo "== $$f"; $(PY) $$f --out $(BUILD)/bench; done
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -261,7 +261,7 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
             yield block
 
     writer = DatasetWriter(out_dir, model.schema(), num_parts=num_parts, total_rows=num_rows,
-                           row_group_size=row_group_size, overwrite=overwrite,
+                           row_group_size=row_group_size, overwrite=overwrite, arg="out_dir",
                            keyset_columns=CAT_NAMES if keysets else ())
     with writer:
         write_in_background(writer.write, chunks(), total=num_rows, count=lambda b: len(b[LABEL_NAME]),

@@ -157,7 +157,7 @@ def write_random_samples(out_dir: str | Path, num_samples: int, vocabulary_size:
             yield {FEATURE_NAME: feature, LABEL_NAME: labels}
 
     with DatasetWriter(out_dir, schema, num_parts=num_parts, total_rows=num_samples,
-                       row_group_size=row_group_size, overwrite=overwrite) as writer:
+                       row_group_size=row_group_size, overwrite=overwrite, arg="out_dir") as writer:
         write_in_background(writer.write, chunks(), total=num_samples, count=lambda c: len(c[LABEL_NAME]),
                             progress=progress, desc=f"sok samples -> {Path(out_dir).name}")
         writer.schema.metadata.update(generator=generator, oracle_auc=acc.auc())

@@ -141,7 +141,7 @@ def to_parquet_dataset(data: Any, out_dir: str | os.PathLike, *, cat_names: Sequ
                                       label_names=label_names, list_names=list_names, cardinalities=cards)
                 writer = DatasetWriter(out_dir, schema, num_parts=num_parts, total_rows=total_rows,
                                        row_group_size=row_group_size, keyset_columns=keyset_columns,
-                                       metadata=metadata, overwrite=overwrite)
+                                       metadata=metadata, overwrite=overwrite, arg="out_dir")
             writer.write(table)
             bar.update(table.num_rows)
         if writer is None:

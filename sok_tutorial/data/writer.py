@@ -177,6 +177,7 @@ class DatasetWriter:
         row_group_size: rows per parquet row group, the unit the loader reads and shuffles.
         keyset_columns: categorical/list columns whose unique keys go into ``<part>.keyset``.
         metadata: stored in ``schema.json`` (generator parameters, oracle AUC...).
+        arg: the caller's name for ``path``, used in error messages.
 
     Example:
         >>> import tempfile, pathlib, numpy as np
@@ -193,7 +194,7 @@ class DatasetWriter:
     def __init__(self, path: str | os.PathLike, schema: Schema, *, num_parts: int = 1,
                  total_rows: int | None = None, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
                  keyset_columns: Sequence[str] = (), compression: str = "snappy",
-                 metadata: dict[str, Any] | None = None, overwrite: bool = False):
+                 metadata: dict[str, Any] | None = None, overwrite: bool = False, arg: str = "path"):
         self.path = Path(path)
         self.schema = Schema(schema.columns, (), {**schema.metadata, **(metadata or {})})
         self.num_parts = checks.positive_int("num_parts", num_parts)
@@ -201,7 +202,7 @@ class DatasetWriter:
         if self.total_rows is not None and self.total_rows < self.num_parts:
             raise ValueError(f"num_parts={num_parts} is more than total_rows={total_rows}: parts would be empty")
         checks.positive_int("row_group_size", row_group_size)
-        self._tmp = begin_directory(self.path, overwrite=overwrite, arg="path")
+        self._tmp = begin_directory(self.path, overwrite=overwrite, arg=arg)
         try:
             self._parts = [PartWriter(self._tmp / f"part-{i:05d}.parquet", self.schema,
                                       row_group_size=row_group_size, compression=compression,

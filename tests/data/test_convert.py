@@ -78,6 +78,14 @@ def test_unknown_column_and_empty_selection_are_named(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_existing_output_is_refused_by_its_argument_name(tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"out_dir=.*ds' exists and is not empty"):
+        to_parquet_dataset(_frame(5, 0), tmp_path / "ds", label_names=["click"], progress=False)
+    assert [p.name for p in (tmp_path / "ds").iterdir()] == ["keep.txt"]
+
+
 def test_strings_without_categorify_are_refused(tmp_path):
     with pytest.raises(TypeError, match="run Categorify"):
         to_parquet_dataset(_frame(5, 0), tmp_path / "ds", cat_names=["user"], progress=False)

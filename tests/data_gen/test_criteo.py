@@ -112,7 +112,7 @@ def test_parquet_dataset_schema_and_reuse(tmp_path):
     mtime = (tmp_path / "ds" / "part-00000.parquet").stat().st_mtime_ns
     assert write_criteo_parquet(tmp_path / "ds", 5000, reuse=True, **kw).to_dict() == schema.to_dict()
     assert (tmp_path / "ds" / "part-00000.parquet").stat().st_mtime_ns == mtime
-    with pytest.raises(FileExistsError, match="overwrite=True"):
+    with pytest.raises(FileExistsError, match=r"out_dir=.*overwrite=True"):
         write_criteo_parquet(tmp_path / "ds", 6000, reuse=True, **kw)  # parameters changed
     assert _digest(tmp_path / "ds") == before
     assert write_criteo_parquet(tmp_path / "ds", 6000, reuse=True, overwrite=True, **kw).num_rows == 6000
