@@ -3,7 +3,8 @@
 * `HashBucket(num_buckets)`: ``kernels.hash_bucket``, a deterministic 64-bit hash that gives the
   same bucket on CPU and GPU (the "online hashing" of the accelerated DLRM pipeline).
 * a fitted `Categorify` (from ``Categorify.load``): raw integer keys -> the contiguous ids of
-  the saved mapping, unseen keys -> 0 (the OOV row), by binary search in the sorted vocabulary.
+  the saved mapping, unseen keys -> 0 (the OOV row), by binary search in the sorted vocabulary
+  (``kernels.remap.lookup_sorted``).
 
 Each transform takes ``columns`` (default: every categorical and list column of the loader).
 """
@@ -18,6 +19,7 @@ import pyarrow as pa
 from kernels import checks
 from kernels.backend import array_module_of
 from kernels.hash_bucket import hash_bucket
+from kernels.remap import lookup_sorted
 from sok_tutorial.data.categorify import OOV, Categorify
 
 
@@ -101,10 +103,7 @@ class CategorifyLookup(Transform):
             keys, ids = self._tables[column]
             self._device_tables[key] = (xp.asarray(keys), xp.asarray(ids))
         keys, ids = self._device_tables[key]
-        if len(keys) == 0:
-            return xp.full(values.shape, OOV, dtype=xp.int64)
-        pos = xp.minimum(xp.searchsorted(keys, values), len(keys) - 1)
-        return xp.where(keys[pos] == values, ids[pos], OOV)
+        return lookup_sorted(keys, ids, values, OOV)
 
     def cardinality(self, column: str) -> int | None:
         return self.categorify.cardinalities[column]

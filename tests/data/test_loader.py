@@ -235,9 +235,18 @@ def test_gpu_without_a_gpu_is_an_error_not_a_fallback(dataset):
         _core(dataset, device="gpu")
 
 
+def _categorify_item_and_tags(dataset) -> Categorify:
+    """Fitted on part of the rows, so both columns also hold keys the vocabulary has not seen."""
+    ref = _table(dataset)
+    return Categorify(["item", "tags"], freq_threshold=1).fit(ref.select(["item", "tags"]).slice(0, 150))
+
+
 @pytest.mark.gpu
-def test_gpu_batches_equal_cpu_batches(gpu, dataset):
-    kw = dict(list_names=["tags", "slots"], transforms=[HashBucket(77, columns=["item"])], batch_size=300, seed=5)
+@pytest.mark.parametrize("make_transforms", [lambda ds: [HashBucket(77, columns=["item"])],
+                                             lambda ds: [_categorify_item_and_tags(ds)]],
+                         ids=["hash_bucket", "categorify"])
+def test_gpu_batches_equal_cpu_batches(gpu, dataset, make_transforms):
+    kw = dict(list_names=["tags", "slots"], transforms=make_transforms(dataset), batch_size=300, seed=5)
     cpu = list(_core(dataset, device="cpu", **kw).iterate(lambda b: b, prefetch=1))
     dev = list(_core(dataset, device="gpu", **kw).iterate(lambda b: b, prefetch=1))
     assert len(cpu) == len(dev)

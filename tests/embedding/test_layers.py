@@ -76,6 +76,61 @@ def test_matches_tf_embedding_lookup_sparse(combiner):
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6)
 
 
+def tf_lookup_sparse(table: tf.Variable, bags: list, row_of: dict, combiner: str) -> tf.Tensor:
+    """``tf.nn.embedding_lookup_sparse`` over every (example, slot) bag, ``[batch, slots, dim]``.
+
+    Its segment ids are the sparse row indices with no segment count, so a trailing empty bag would
+    get no output row at all: only the non-empty bags go in (renumbered 0..m-1), and their vectors
+    are scattered back into zeros, which is what an empty bag combines to."""
+    flat = [bag for row in bags for bag in row]
+    full = [i for i, bag in enumerate(flat) if bag]
+    rows = [[row_of[k] for k in flat[i]] for i in full]
+    sparse = tf.ragged.constant(rows, dtype=tf.int64).to_sparse()
+    combined = tf.nn.embedding_lookup_sparse(table, sparse, None, combiner=combiner)
+    out = tf.scatter_nd(tf.constant(full, tf.int64)[:, None], combined, [len(flat), table.shape[1]])
+    return tf.reshape(out, [len(bags), len(bags[0]), table.shape[1]])
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_forward_and_gradients_match_tf_embedding_lookup_sparse(combiner, use_hashtable):
+    """Random ragged bags with empty slots (a whole empty last example too) and repeated keys; row ids
+    without a hash table, extreme int64 keys mapped to rows through the layer's vocabulary with one."""
+    rng = np.random.default_rng(7)
+    keys = np.array(EXTREME + list(rng.integers(-(2**63), 2**63 - 1, 40, dtype=np.int64)), np.int64) \
+        if use_hashtable else np.arange(0, 300, 7, dtype=np.int64)
+    bags = random_bags(rng, 24, 4, 5, keys)
+    bags[0][0] = [int(keys[1]), int(keys[2]), int(keys[1]), int(keys[1])]
+    bags[-1] = [[] for _ in bags[-1]]
+    assert sum(not bag for row in bags[:-1] for bag in row) > 0
+    layer = sok.DistributedEmbedding(combiner, 300, 5, slot_num=4, max_nnz=5, use_hashtable=use_hashtable)
+    weights = tf.constant(rng.normal(size=(24, 4, 5)), tf.float32)
+    with tf.GradientTape() as tape:
+        out = layer(tf.ragged.constant(bags, dtype=tf.int64, ragged_rank=2), training=True)
+        loss = tf.reduce_sum(out * weights)
+    grad = tape.gradient(loss, layer.embedding_variable)
+    assert isinstance(grad, tf.IndexedSlices)
+
+    table = tf.Variable(layer.embedding_variable.numpy())  # after the call: rows of new keys exist
+    if use_hashtable:
+        vocab_keys, vocab_rows = layer.vocabulary.export()
+        row_of = dict(zip(vocab_keys.tolist(), vocab_rows.tolist()))
+        assert set(row_of) == {k for row in bags for bag in row for k in bag}
+        assert {0, -1, 2**63 - 1, -(2**63)} <= set(row_of)
+    else:
+        row_of = {int(k): int(k) for k in keys}
+    with tf.GradientTape() as tape:
+        ref = tf_lookup_sparse(table, bags, row_of, combiner)
+        ref_loss = tf.reduce_sum(ref * weights)
+    ref_grad = tape.gradient(ref_loss, table)
+
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out.numpy(), reference(bags, table.numpy(), row_of, combiner), rtol=1e-6, atol=1e-7)
+    assert np.all(out.numpy()[-1] == 0)
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), tf.convert_to_tensor(ref_grad).numpy(),
+                               rtol=1e-5, atol=1e-6)
+
+
 def test_sparse_tensor_inputs_in_both_layouts():
     layer = sok.DistributedEmbedding("sum", 100, 2, slot_num=2, max_nnz=3, use_hashtable=False)
     ragged = tf.ragged.constant([[[1, 2], [3]], [[], [4, 5, 6]]], dtype=tf.int64, ragged_rank=2)
