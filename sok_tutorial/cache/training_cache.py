@@ -97,9 +97,13 @@ class EmbeddingTrainingCache:
     """Keep a model's embedding tables in a parameter server and train them file by file.
 
     Args:
-        model: a compiled Keras model whose tables are this package's embedding layers with
-            ``use_hashtable=False`` (rows addressed directly) of at least
-            ``device_capacity_rows`` rows. Each layer is one table of the server, named after it.
+        model: a compiled, built Keras model (functional, ``Sequential`` or subclassed) holding the
+            sparse layers: the cache manages every embedding layer of this package found among its
+            layers and sub-layers, each with ``use_hashtable=False`` (rows addressed directly) and at
+            least ``device_capacity_rows`` rows. Each layer is one table of the server, named after
+            it. A model only: bare layers (or a list of them) are not accepted; wrap them in the model
+            you train, e.g. ``keras.Sequential([keras.Input(...), layer, ...])``, call it on a batch
+            and compile it (or pass `optimizer`).
         ps: a `HostMemoryPS` or `DiskPS`.
         device_capacity_rows: most keys one pass may hold on the device.
         train_from_scratch: start from empty tables (the server must not hold rows of them yet);

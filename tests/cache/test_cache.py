@@ -3,14 +3,17 @@ clear errors."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import importlib
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -349,27 +352,75 @@ def test_disk_full_during_write_back_commits_nothing(tmp_path):
 
 
 def _child(code: str, tmp_path: Path) -> subprocess.Popen:
+    """Run `code` in a new Python process; its stdout lines arrive through `_read_until`, its stdin is a pipe
+    (closed by the parent, or by the parent's death: a child blocked on it then sees EOF)."""
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(code))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env, cwd=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, cwd=str(tmp_path))
+    proc.lines = queue.Queue()  # None once the child closed its stdout
+
+    def pump():
+        for line in proc.stdout:
+            proc.lines.put(line.strip())
+        proc.lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc
+
+
+def _read_until(proc: subprocess.Popen, marker: str | None, timeout: float = 120) -> list[str]:
+    """The child's lines up to the first that starts with `marker` (None: up to its exit), within `timeout` s."""
+    lines, deadline = [], time.monotonic() + timeout
+    while True:
+        try:
+            line = proc.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"no line starting with {marker!r} from the child in {timeout} s: {lines[-5:]}")
+        if line is None:
+            assert marker is None, f"the child exited (rc {proc.wait(30)}) before {marker!r}: {lines[-5:]}"
+            return lines
+        lines.append(line)
+        if marker is not None and line.startswith(marker):
+            return lines
 
 
 def _kill_after(proc: subprocess.Popen, marker: str, delay: float) -> list[str]:
-    lines = []
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        assert line, "the child exited early"
-        lines.append(line.strip())
-        if line.startswith(marker):
-            break
+    lines = _read_until(proc, marker)
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
-    lines += [line.strip() for line in proc.stdout.read().splitlines()]
+    lines += _read_until(proc, None, timeout=30)
     proc.wait(30)
     return lines
+
+
+@pytest.mark.slow
+def test_a_disk_store_open_in_another_process_is_locked_until_that_process_exits(tmp_path):
+    proc = _child(f"""
+        import sys
+        import numpy as np
+        from sok_tutorial.cache import DiskPS
+        ps = DiskPS({str(tmp_path / 'ps')!r})
+        ps.ensure_table("t", 2)
+        ps.push("t", np.array([3, 5]), np.array([[1, 2], [3, 4]], np.float32))
+        print("holding", flush=True)
+        sys.stdin.readline()  # until the parent closes the pipe; exits without closing the store
+    """, tmp_path)
+    try:
+        _read_until(proc, "holding")
+        with pytest.raises(PSLocked, match="is locked: another process") as info:
+            DiskPS(tmp_path / "ps")
+        assert repr(str(tmp_path / "ps")) in str(info.value)  # names the store's path
+        assert proc.poll() is None  # the child still holds it
+    finally:
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    with DiskPS(tmp_path / "ps") as ps:  # the lock went with the process, the child's rows stayed
+        rows, found = ps.pull("t", np.array([5, 3, 4]))
+        assert found.tolist() == [True, True, False]
+        assert rows.tolist() == [[3, 4], [1, 2], [0, 0]]
 
 
 @pytest.mark.slow
@@ -392,6 +443,69 @@ def test_sigkill_during_disk_write_back_keeps_every_completed_pass(tmp_path):
     seen = {float(v) for rows in values.values() for v in np.unique(rows)}
     assert len(seen) == 1, f"a push was applied in part: values {sorted(seen)[:5]}"
     assert seen.pop() in (done, done + 1)  # every completed push, and none or all of the next
+
+
+def _digest(tables: dict[str, np.ndarray]) -> str:
+    """One hash of every table's rows (vectors and optimizer state), tables by name."""
+    digest = hashlib.sha256()
+    for name in sorted(tables):
+        digest.update(name.encode() + np.ascontiguousarray(tables[name], np.float32).tobytes())
+    return digest.hexdigest()
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_cache_write_back_keeps_the_last_complete_pass(tmp_path):
+    """A real cache over a DiskPS, killed while RocksDB takes a pass's write-back: the store holds the
+    rows of the last pass written back, or of the interrupted one, whole, never a mix."""
+    rows = 26 * 8000  # every pass trains one batch touching every key: every row changes every pass
+    proc = _child(f"""
+        import time
+        import numpy as np, tensorflow as tf
+        import sok_tutorial as sok
+        from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache
+        import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_cache import _digest, build
+
+        class Timed:  # says when RocksDB starts and ends taking the write-back's batch
+            def __init__(self, db):
+                self.db = db
+
+            def write(self, *args):
+                print("db-write", step, flush=True)
+                start = time.perf_counter()
+                self.db.write(*args)
+                print("db-done", step, time.perf_counter() - start, flush=True)
+
+            def __getattr__(self, name):
+                return getattr(self.db, name)
+
+        model = build({rows}, sok.optimizers.Adam(0.01))
+        ps = DiskPS({str(tmp_path / 'ps')!r})
+        cache = EmbeddingTrainingCache(model, ps, device_capacity_rows={rows})
+        ps._db = Timed(ps._db)
+        keys = np.arange({rows}, dtype=np.int64)
+        for step in range(1, 10_000):
+            cache.update(keys)
+            batch = cache.remap(np.random.default_rng(step).permutation(keys)).reshape(-1, 26)
+            model.train_on_batch({{"categorical": tf.constant(batch)}}, tf.ones([len(batch), 1]))
+            print("pass", step, _digest({{l.name: cache._read(l, len(keys)) for l in cache.layers}}), flush=True)
+            cache.write_back()
+            print("written", step, flush=True)
+    """, tmp_path)
+    lines = _read_until(proc, "db-done 2")
+    took = float(lines[-1].split()[2])
+    lines += _kill_after(proc, "db-write 3", took / 2)  # aimed at the middle of RocksDB taking pass 3
+    done = max(int(line.split()[1]) for line in lines if line.startswith("written"))
+    digests = {int(line.split()[1]): line.split()[2] for line in lines if line.startswith("pass")}
+    assert done >= 2 and len(set(digests.values())) == len(digests)  # every pass changed the rows
+    with DiskPS(tmp_path / "ps") as ps:
+        assert sorted(ps.widths) == ["deep", "wide"]
+        np.testing.assert_array_equal(ps.keys("deep"), np.arange(rows))
+        np.testing.assert_array_equal(ps.keys("wide"), np.arange(rows))
+        held = _digest({name: ps.pull(name, np.arange(rows))[0] for name in ("deep", "wide")})
+    passes = [p for p, d in digests.items() if d == held]
+    assert passes, f"the store holds no pass whole (a write-back applied in part?); {done} were written back"
+    assert passes[0] in (done, done + 1)  # every completed write-back, and none or all of the next
 
 
 @pytest.mark.slow
