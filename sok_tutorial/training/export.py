@@ -12,23 +12,28 @@ The SavedModel's ``serving_default`` signature takes the raw columns of the work
 int64 (or strings, as the workflow was fitted), multi-hot lists as ``|``-joined strings (the
 MovieLens file layout, ``"Action|Comedy"``), continuous values as float32; it maps them with
 lookup tables built from the workflow's vocabularies (unseen -> the OOV row) and returns
-``{"probability": [batch]}``. `load_export` wraps it for Python callers.
+``{"probability": [batch]}``. `load_export` wraps it for Python callers, and checks types first:
+ids must be integers (a float id is never truncated, a numeric string never parsed) and
+continuous values numbers.
 """
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import tensorflow as tf
 
 from sok_tutorial.atomic import atomic_directory
-from sok_tutorial.data.workflow import Workflow, rows_to_table
+from sok_tutorial.data.tables import to_array, to_table
+from sok_tutorial.data.workflow import Workflow
+from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbedding
 from sok_tutorial.training.summary import model_summary, parameter_report
 
 SEPARATOR = "|"
@@ -48,6 +53,17 @@ def _raw_spec(workflow: Workflow) -> dict[str, tf.TensorSpec]:
     spec.update({n: tf.TensorSpec([None], tf.string, name=n) for n in workflow.list_names})
     spec.update({n: tf.TensorSpec([None], tf.float32, name=n) for n in workflow.cont_names})
     return spec
+
+
+def _tables(model: Any) -> list[dict[str, Any]]:
+    """Rows and width of every embedding table: this package's layers and ``keras.layers.Embedding``."""
+    tables = []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, (DistributedEmbedding, All2AllDenseEmbedding)):
+            tables.append({"layer": layer.name, "rows": int(layer.capacity), "dim": int(layer.embedding_vec_size)})
+        elif isinstance(layer, keras.layers.Embedding):
+            tables.append({"layer": layer.name, "rows": int(layer.input_dim), "dim": int(layer.output_dim)})
+    return tables
 
 
 class _Serving:
@@ -99,7 +115,7 @@ def export_model(model: Any, workflow: Workflow, path: str | os.PathLike, *, sam
         archive.add_endpoint(name="serving_default", fn=serving, input_signature=[_raw_spec(workflow)])
         archive.write_out(str(tmp / "saved_model"), verbose=False)
         graph = {"model": type(model).__name__, "layers": layers, "parameters": parameter_report(model),
-                 "inputs": {n: s.dtype.name for n, s in _raw_spec(workflow).items()},
+                 "tables": _tables(model), "inputs": {n: s.dtype.name for n, s in _raw_spec(workflow).items()},
                  "list_separator": SEPARATOR, "output": "probability"}
         (tmp / "graph.json").write_text(json.dumps(graph, indent=2) + "\n")
     return Path(path)
@@ -114,27 +130,81 @@ class Predictor:
         self.inputs: dict[str, str] = graph["inputs"]
         self._fn = tf.saved_model.load(str(self.path / "saved_model")).signatures["serving_default"]
 
-    def predict(self, rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> np.ndarray:
-        """Probabilities for raw rows (a dict of columns or a list of dicts); lists of values for
-        multi-hot columns are joined here, strings like ``"Action|Comedy"`` pass as they are."""
-        table = rows_to_table(rows)
-        missing = [n for n in self.inputs if n not in table.column_names]
+    def predict(self, rows: Any) -> np.ndarray:
+        """Probabilities for raw rows: a dict of columns (lists, NumPy, pandas or Arrow arrays), a
+        DataFrame or Arrow table, or a list of dicts.
+
+        Ids (int64 inputs) must be integers and continuous values (float32) numbers; anything else
+        raises ValueError naming the column, the type found and the type expected. Multi-hot
+        columns take lists of values, joined here, or strings like ``"Action|Comedy"``.
+        """
+        columns = _raw_columns(rows)
+        missing = [n for n in self.inputs if n not in columns]
         if missing:
             raise ValueError(f"rows are missing column(s) {missing}; the model takes {list(self.inputs)}")
-        feed = {}
-        for name, dtype in self.inputs.items():
-            column = table[name]
-            try:
-                if dtype == "string":
-                    values = [v if isinstance(v, str) else SEPARATOR.join(map(str, v or [])) if isinstance(v, list)
-                              else str(v) for v in column.to_pylist()]
-                    feed[name] = tf.constant(values, tf.string)
-                else:
-                    arr = np.asarray(column.to_pylist(), dtype=np.int64 if dtype == "int64" else np.float32)
-                    feed[name] = tf.constant(arr)
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"column {name!r}: cannot pass {column.type} values as {dtype} ({exc})") from exc
+        arrays = {name: _column(name, columns[name], dtype) for name, dtype in self.inputs.items()}
+        lengths = {name: len(a) for name, a in arrays.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"columns differ in length: {lengths}")
+        feed = {name: _tensor(name, arrays[name], dtype) for name, dtype in self.inputs.items()}
         return self._fn(**feed)["probability"].numpy()
+
+
+def _raw_columns(rows: Any) -> dict[str, Any]:
+    """``{name: values}`` of raw rows, each column still as given (converted one by one later)."""
+    if isinstance(rows, Mapping):
+        return dict(rows)
+    if isinstance(rows, (pa.Table, pa.RecordBatch)) or hasattr(rows, "iloc") or hasattr(rows, "to_arrow"):
+        table = to_table(rows)
+        return {name: table[name] for name in table.column_names}
+    records = list(rows)
+    if not all(isinstance(r, Mapping) for r in records):
+        raise TypeError("rows: expected a dict of columns, a DataFrame or table, or a list of dicts")
+    names = dict.fromkeys(k for r in records for k in r)
+    return {name: [r.get(name) for r in records] for name in names}
+
+
+def _column(name: str, values: Any, dtype: str) -> pa.Array:
+    try:
+        array = to_array(values)
+    except (pa.ArrowException, TypeError, ValueError) as exc:
+        raise ValueError(f"column {name!r}: values of mixed or unsupported types, expected {dtype} ({exc})") from exc
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+
+
+def _tensor(name: str, array: pa.Array, dtype: str) -> tf.Tensor:
+    """One raw column as the signature's dtype, refusing any conversion that could change a value."""
+    kind = array.type
+
+    def refuse(detail: str = "") -> ValueError:
+        return ValueError(f"column {name!r}: got {kind} values, expected {dtype}{detail}")
+
+    if dtype == "int64":
+        if not pa.types.is_integer(kind):
+            raise refuse(" (integer ids; floats, strings and bools are not converted)")
+        if array.null_count:
+            raise ValueError(f"column {name!r}: {array.null_count} missing value(s), expected an int64 id in every row")
+        try:
+            return tf.constant(pc.cast(array, pa.int64()).to_numpy())
+        except pa.ArrowInvalid as exc:
+            raise refuse(f" ({exc})") from exc
+    if dtype == "float32":
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)):
+            raise refuse(" (numbers)")
+        values = pc.cast(array, pa.float32(), safe=False).fill_null(float("nan"))  # missing -> NaN, as before
+        return tf.constant(values.to_numpy(zero_copy_only=False))
+    # string: ids of a string vocabulary, or multi-hot lists (joined with SEPARATOR)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        inner = kind.value_type
+        if not (pa.types.is_string(inner) or pa.types.is_large_string(inner) or pa.types.is_integer(inner)
+                or pa.types.is_null(inner)):
+            raise refuse(" (lists of strings or integer ids)")
+        text = ["" if v is None else SEPARATOR.join(str(x) for x in v if x is not None) for v in array.to_pylist()]
+    elif pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind):
+        text = ["" if v is None else str(v) for v in array.to_pylist()]
+    else:
+        raise refuse(" (strings, integer ids or lists of them)")
+    return tf.constant(text, tf.string)
 
 
 def load_export(path: str | os.PathLike) -> Predictor:

@@ -1,9 +1,10 @@
 """`fit`: the training loop of the notebooks that do not use plain ``model.fit``.
 
-It logs the loss and samples/s, evaluates AUC every ``eval_interval`` steps, writes snapshots
-(`sok_tutorial.training.checkpoint`) every ``snapshot_interval`` steps and resumes from the
-latest one, so an interrupted run continues exactly where it stopped: same batches, same
-optimizer state, same results as if it had never stopped.
+It logs the loss and samples/s and evaluates AUC every ``eval_interval`` steps (to stdout,
+TensorBoard and the returned `History`), writes snapshots (`sok_tutorial.training.checkpoint`)
+every ``snapshot_interval`` steps and resumes from the latest one, so an interrupted run
+continues exactly where it stopped: same batches, same optimizer state, same results as if it
+had never stopped.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         snapshot_interval: int | None = None, snapshot_dir: str | Path | None = None,
         max_steps: int | None = None, epochs: int | None = None, log_interval: int = 50,
         log_dir: str | Path | None = None, callbacks: Sequence[Any] = (), resume: bool = True,
-        progress: bool = True) -> History:
+        progress: bool = True, verbose: int | bool = 1) -> History:
     """Train `model` on `train_loader` (batches of ``(features, labels)``).
 
     Args:
@@ -94,6 +95,9 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         log_dir: TensorBoard logs (scalars ``loss``, ``samples_per_s``, ``eval_auc``, ``eval_loss``).
         callbacks: Keras callbacks; as in ``model.fit``, ``on_train_batch_end(batch, logs)`` gets the
             batch's index within the epoch, and `logs` carries ``loss`` and ``size``.
+        progress: a tqdm bar over the steps.
+        verbose: print one line per logged point (step, loss, samples/s) and per evaluation (step,
+            AUC, loss) to stdout, above the bar; ``0`` prints nothing.
 
     Returns:
         `History`.
@@ -141,6 +145,7 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         cb.on_train_begin()
     bar = progress_bar(progress, total=total, desc="train", unit="step", unit_scale=False)
     bar.update(step)
+    say = getattr(bar, "write", print)  # tqdm.write keeps the bar intact below the line
     window_loss, window_steps, window_samples, window_start = 0.0, 0, 0, time.perf_counter()
 
     def log_point() -> None:
@@ -153,6 +158,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         history.samples_per_s.append(window_samples / max(now - window_start, 1e-9))
         _scalars(writer, step, loss=history.loss[-1], samples_per_s=history.samples_per_s[-1])
         bar.set_postfix_str(f"loss {history.loss[-1]:.4f}")
+        if verbose:
+            say(f"step {step}: loss {history.loss[-1]:.4f}, {history.samples_per_s[-1]:,.0f} samples/s")
         window_loss, window_steps, window_samples, window_start = 0.0, 0, 0, now
 
     def eval_point() -> None:
@@ -162,6 +169,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         history.eval_loss.append(result["loss"])
         _scalars(writer, step, eval_auc=result["auc"], eval_loss=result["loss"])
         bar.set_postfix_str(f"loss {history.loss[-1] if history.loss else math.nan:.4f} auc {result['auc']:.4f}")
+        if verbose:
+            say(f"step {step}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
 
     def snapshot(batch_in_epoch: int) -> None:
         target = step_dir(snapshot_dir, step)

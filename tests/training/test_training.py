@@ -167,11 +167,14 @@ def test_export_round_trip_is_exact_and_checks_inputs(tmp_path, movielens, dynam
     graph = json.loads((tmp_path / "export" / "graph.json").read_text())
     assert graph["inputs"] == {"userId": "int64", "movieId": "int64", "genres": "string"}
     assert any(layer["kind"] == "embedding" for layer in graph["layers"])
+    cards = workflow.categorify.cardinalities
+    assert graph["tables"] == [{"layer": f"embedding_{n}", "rows": cards[n], "dim": 8}
+                               for n in ("userId", "movieId", "genres")]
     one = predictor.predict([{"userId": 1, "movieId": 1, "genres": "Drama|Comedy"}])
     assert one.shape == (1,) and 0 < one[0] < 1
     with pytest.raises(ValueError, match=r"missing column\(s\) \['genres'\]"):
         predictor.predict([{"userId": 1, "movieId": 1}])
-    with pytest.raises(TypeError, match="column 'userId'"):
+    with pytest.raises(ValueError, match="column 'userId': got string values, expected int64"):
         predictor.predict([{"userId": "alice", "movieId": 1, "genres": "Drama"}])
 
 
