@@ -57,9 +57,10 @@ def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
 
 def check_06(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["num_replicas"] == p["NUM_REPLICAS"] and len(m["losses_replicas"]) == p["STEPS"]
-    assert m["max_loss_diff_vs_one_device"] < 1e-5 and m["max_table_diff_vs_one_device"] < 1e-3
+    assert m["max_loss_diff_vs_one_device"] < 1e-5 and m["max_table_diff_vs_one_device"] < 1e-4
     assert m["workers2_max_loss_diff"] < 1e-5 and m["workers2_max_table_diff"] < 1e-5
     assert m["restore_max_prediction_diff"] < 1e-5
+    assert m["grouped_lookup_max_diff"] < 1e-6
     assert m["losses_replicas"][-1] < m["losses_replicas"][0]  # the planted labels are learnable
     assert sum(m["table_wise_rows_per_replica"]) == sum(p["FIELD_SIZES"])
     memory, exchange = m["memory_per_replica_bytes"], m["exchange_bytes_per_step"]
@@ -73,7 +74,7 @@ def check_06(m: dict[str, Any], p: dict[str, Any]) -> None:
 def check_05(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["steps"] == p["STEPS"] and m["batch_size"] == p["BATCH_SIZE"] and m["devices"][0] == "CPU"
     assert m["accelerated_vs_native"] > 1
-    assert all(v > 0 for v in m["samples_per_s"].values()) and len(m["samples_per_s"]) == 7
+    assert all(v > 0 for v in m["samples_per_s"].values()) and len(m["samples_per_s"]) == 7 * len(m["devices"])
     assert all(0.55 < auc <= m["oracle_auc"] + 0.02 for auc in m["val_auc"].values())
     assert all(0.2 < loss < 0.7 for loss in m["final_loss"].values())
     assert m["table_rows"] < m["embedding_parameters"] / 16 + 1 and m["dense_parameters"] > 0

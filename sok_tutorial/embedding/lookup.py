@@ -77,21 +77,36 @@ def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combin
     return sums / tf.maximum(counts, 1)[:, None]
 
 
-def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(values, row of each value, rows) of a [batch, None] SparseTensor or RaggedTensor."""
+def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """(values, row of each value, rows, slot of each value or None) of a ``[batch, None]``
+    SparseTensor or RaggedTensor, or of a ``[batch, slot, None]`` RaggedTensor (slots kept)."""
     if isinstance(ids, tf.SparseTensor):
-        return ids.values, ids.indices[:, 0], ids.dense_shape[0]
+        return ids.values, ids.indices[:, 0], ids.dense_shape[0], None
     if isinstance(ids, tf.RaggedTensor):
-        return ids.flat_values, ids.value_rowids(), ids.nrows()
-    raise TypeError(f"{name} must be a tf.SparseTensor or tf.RaggedTensor [batch, None], got {type(ids).__name__}")
+        if ids.shape.rank == 3:
+            if ids.ragged_rank == 1:  # [batch, (slots), nnz] with a fixed nnz
+                ids = tf.RaggedTensor.from_tensor(ids.to_tensor(), ragged_rank=2)
+            bag = ids.values.value_rowids()  # inner list (batch, slot) of each value
+            sample = tf.gather(ids.value_rowids(), bag)
+            return ids.flat_values, sample, ids.nrows(), bag - tf.gather(ids.row_splits, sample)
+        return ids.flat_values, ids.value_rowids(), ids.nrows(), None
+    raise TypeError(f"{name} must be a tf.SparseTensor or tf.RaggedTensor [batch, None] (or [batch, slot, None]), "
+                    f"got {type(ids).__name__}")
 
 
-def _lookup(table: Any, keys: tf.Tensor) -> tf.Tensor:
-    """Rows of a table, or vectors of keys through a SOK layer (a one-slot table there)."""
+def _lookup(table: Any, keys: tf.Tensor, slots: tf.Tensor | None, name: str) -> tf.Tensor:
+    """Rows of a table, or vectors of keys through a SOK layer (`slots`: each key's slot)."""
     if hasattr(table, "_vectors") and hasattr(table, "max_vocabulary_size_per_gpu"):
         if not table.built:  # (under a strategy, build layers in its scope before strategy.run)
             table.build()
-        return table._vectors(keys, None, slots=lambda: tf.zeros_like(keys))
+        if slots is None:
+            if getattr(table, "sharding", None) == "table" and int(getattr(table, "slot_num", 1)) > 1:
+                raise ValueError(f"{name}: layer {table.name!r} places its {table.slot_num} slots table-wise, so "
+                                 f"each key's slot decides its replica; pass its keys as a tf.RaggedTensor "
+                                 f"[batch, slot_num={table.slot_num}, None]")
+            slots = tf.zeros_like(keys)
+        slot_ids = tf.cast(slots, tf.int64)
+        return table._vectors(keys, None, slots=lambda: slot_ids)
     return tf.gather(table, keys)
 
 
@@ -104,7 +119,10 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors), or SOK
             embedding layers, whose keys go through the layer: its vocabulary, and its shards
             when the layer is sharded over replicas (call this inside ``strategy.run`` then).
-        sp_ids: row ids per table, ``tf.SparseTensor`` or ``tf.RaggedTensor`` ``[batch, None]``.
+        sp_ids: row ids per table, ``tf.SparseTensor`` or ``tf.RaggedTensor`` ``[batch, None]``. A
+            ``tf.RaggedTensor`` ``[batch, slot, None]`` keeps each key's slot, which a SOK layer
+            with several slots placed table-wise needs (each slot lives on its own replica); all
+            of a sample's keys still form one bag.
         combiners: ``"sum"`` or ``"mean"`` per table.
         fused: reduce all tables of the same width with one segment sum. Off by default: on CPU,
             one segment sum per table trains about twice as fast (26 tables of dim 16, batch 8192:
@@ -130,9 +148,10 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         checks.one_of(f"combiners[{i}]", c, COMBINERS)
     with tf.name_scope(name or "group_embedding_lookup_sparse"):
         parts = [_ids(ids, f"sp_ids[{i}]") for i, ids in enumerate(sp_ids)]
-        vectors = [_lookup(p, tf.cast(v, tf.int64)) for p, (v, _, _) in zip(params, parts)]
+        vectors = [_lookup(p, tf.cast(v, tf.int64), slots, f"sp_ids[{i}]")
+                   for i, (p, (v, _, _, slots)) in enumerate(zip(params, parts))]
         if not fused:
-            return [combine(vec, seg, n, c) for vec, (_, seg, n), c in zip(vectors, parts, combiners)]
+            return [combine(vec, seg, n, c) for vec, (_, seg, n, _), c in zip(vectors, parts, combiners)]
         out: list[tf.Tensor | None] = [None] * len(params)
         by_width: dict[int, list[int]] = {}
         for i, vec in enumerate(vectors):

@@ -26,7 +26,7 @@ CASES = ["sharding=row,combiner=sum,optimizer=sgd",
          "sharding=row,static=1,optimizer=lazyadam",
          "sharding=table,layer=all2all,optimizer=sgd"]
 RUNS = {  # name -> (replicas or "workers:N", cases)
-    "n1": (1, CASES), "n2": (2, CASES), "n4": (4, CASES[:4]), "workers2": ("workers:2", [CASES[0], CASES[3]])}
+    "n1": (1, CASES), "n2": (2, CASES), "n4": (4, CASES[:4]), "workers2": ("workers:2", [CASES[0], CASES[1], CASES[3]])}
 MODULE = [sys.executable, "-m", "sok_tutorial.examples.train_sharded", "--steps", "6"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 

@@ -143,3 +143,39 @@ def test_grouped_lookup_over_sharded_tables_equals_one_device(strategy_of):
         assert a.shape == (4, 3)
         np.testing.assert_allclose(b, a, atol=1e-7)
     assert np.allclose(one[0][2], 0) and not np.allclose(one[0][0], 0)  # an empty bag, a real one
+
+
+def _grouped_table_wise(strategy, ids: tf.RaggedTensor) -> tuple[np.ndarray, np.ndarray]:
+    """A grouped lookup over a 3-slot table-wise layer vs the layer's own output summed over slots."""
+    keras.utils.set_random_seed(0)
+    n = strategy.num_replicas_in_sync
+    with strategy.scope():
+        layer = sok.DistributedEmbedding("sum", 64, 3, slot_num=3, max_nnz=2, sharding="table", name="fields")
+        layer.build()
+
+    @tf.function
+    def run():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            part = ids[r * (4 // n):(r + 1) * (4 // n)]
+            grouped = sok.group_embedding_lookup_sparse([layer], [part], ["sum"])[0]
+            return grouped, tf.reduce_sum(layer(part), 1)
+        return strategy.run(replica)
+    grouped, own = run()
+    return tuple(np.concatenate([t.numpy() for t in strategy.experimental_local_results(o)]) for o in (grouped, own))
+
+
+def test_grouped_lookup_over_a_table_wise_multi_slot_layer_keeps_each_keys_slot(strategy_of):
+    # disjoint keys per slot, as table-wise placement requires; a sample's keys form one bag
+    ids = tf.ragged.constant([[[1, 2], [100], [200, 201]], [[3], [], [202]], [[], [101, 102], []],
+                              [[1], [100], [200]]], dtype=tf.int64, ragged_rank=2)
+    for n in (1, 2):
+        grouped, own = _grouped_table_wise(strategy_of(n), ids)
+        assert grouped.shape == (4, 3)
+        np.testing.assert_allclose(grouped, own, atol=1e-7)
+    strategy = strategy_of(2)
+    with strategy.scope():
+        layer = sok.DistributedEmbedding("sum", 64, 3, slot_num=3, max_nnz=2, sharding="table", name="flat")
+        layer.build()
+    with pytest.raises(ValueError, match=r"sp_ids\[0\]: layer 'flat' places its 3 slots table-wise"):
+        strategy.run(lambda: sok.group_embedding_lookup_sparse([layer], [ids.merge_dims(1, 2)], ["sum"]))
