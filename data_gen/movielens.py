@@ -194,6 +194,27 @@ def join_genres(ratings: pa.Table, movies: pd.DataFrame) -> pa.Table:
     return table.select(list(COLUMNS))
 
 
+def movielens_layout(path: str | Path) -> str | None:
+    """The MovieLens layout a directory holds ("ml-25m", "ml-1m", "ml-100k"), or None.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> movielens_layout(d) is None
+        True
+        >>> for name in ("u.data", "u.item"):
+        ...     _ = (d / name).write_text("")
+        >>> movielens_layout(d)
+        'ml-100k'
+    """
+    path = Path(path)
+    for layout, files in (("ml-25m", ("ratings.csv", "movies.csv")), ("ml-1m", ("ratings.dat", "movies.dat")),
+                          ("ml-100k", ("u.data", "u.item"))):
+        if all((path / f).is_file() for f in files):
+            return layout
+    return None
+
+
 def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, Any]]:
     """Find the layout, read the (small) movie table and say where the ratings are."""
     if (path / "ratings.csv").is_file() and (path / "movies.csv").is_file():

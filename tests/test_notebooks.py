@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
@@ -177,3 +178,28 @@ def test_notebook_smoke(name, tmp_path):
                         cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False, log_output=False)
     metrics = json.loads((out / "metrics.json").read_text())
     check(metrics, params)
+
+
+def test_notebook_03_reads_a_real_movielens_layout_in_data_dir(tmp_path):
+    """DATA_DIR holding a download (here a small ml-1m layout, '::'-separated) is used as is."""
+    import papermill as pm
+
+    rng = np.random.default_rng(0)
+    data, out = tmp_path / "ml-1m", tmp_path / "out"
+    data.mkdir()
+    genres = ["Action", "Comedy", "Drama", "Romance"]
+    (data / "movies.dat").write_text("".join(f"{m}::Movie {m} (1999)::{'|'.join(rng.choice(genres, 2, False))}\n"
+                                             for m in range(1, 61)), encoding="latin-1")
+    users, movies = rng.integers(1, 81, 12_000), rng.integers(1, 61, 12_000)
+    stars = np.clip(np.round(3 + (users % 3 - 1) + (movies % 2) + rng.normal(0, 0.7, 12_000)), 1, 5).astype(int)
+    (data / "ratings.dat").write_text("".join(f"{u}::{m}::{r}::{978300000 + i}\n"
+                                              for i, (u, m, r) in enumerate(zip(users, movies, stars))))
+    params = {**SMOKE["03-training-overview-movielens"][0], "MAX_STEPS": 60, "EVAL_INTERVAL": 30,
+              "SNAPSHOT_INTERVAL": 30, "DATA_DIR": str(data), "OUTPUT_DIR": str(out)}
+    pm.execute_notebook(str(NOTEBOOKS / "03-training-overview-movielens.ipynb"), str(tmp_path / "03.ipynb"),
+                        parameters=params, cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
+                        log_output=False)
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["layout"] == "ml-1m" and m["oracle_auc"] is None and m["auc_gap"] is None
+    assert m["train_rows"] + m["valid_rows"] == 12_000 and m["export_max_abs_diff"] < 1e-6
+    assert m["final_auc"] > 0.6  # the planted user and movie effects are learnable
