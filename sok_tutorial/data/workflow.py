@@ -124,14 +124,16 @@ class Workflow:
 
     @property
     def output_schema(self) -> Schema:
-        """The transformed columns with their kinds and cardinalities."""
+        """The transformed columns with their kinds and cardinalities; ``metadata["embedding_sizes"]``
+        holds ``{column: [rows, suggested dim]}`` (`embedding_sizes` with the default rule)."""
         cards = self.categorify.cardinalities
         cols = [ColumnSchema(n, "categorical", "int64", cardinality=cards[n]) for n in self.cat_names]
         cols += [ColumnSchema(n, "list", "int64", cardinality=cards[n]) for n in self.list_names]
         cols += [ColumnSchema(n, "continuous", "float32") for n in self.cont_names]
         if self.label:
             cols.append(ColumnSchema(self.label_name, "label", "int8"))
-        return Schema(cols)
+        sizes = {name: list(size) for name, size in self.embedding_sizes().items()}
+        return Schema(cols, metadata={"embedding_sizes": sizes})
 
     def embedding_sizes(self, **rule: Any) -> dict[str, tuple[int, int]]:
         """``{column: (rows, suggested dim)}`` (see `get_embedding_sizes`)."""

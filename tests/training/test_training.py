@@ -70,6 +70,9 @@ def test_workflow_round_trip_and_oov(tmp_path, movielens):
     assert schema["userId"].cardinality == workflow.categorify.cardinalities["userId"]
     assert [c.kind for c in schema.columns] == ["categorical", "categorical", "list", "label"]
     assert set(loaded.embedding_sizes()) == {"userId", "movieId", "genres"}
+    sizes = schema.metadata["embedding_sizes"]
+    assert sizes["userId"][0] == schema["userId"].cardinality and sizes["userId"][1] >= 1
+    assert sizes == {k: list(v) for k, v in loaded.embedding_sizes().items()}
     with pytest.raises(ValueError, match=r"unknown column\(s\) \['movieId'\]"):
         loaded.transform(new.drop(["movieId"]))
     with pytest.raises(TypeError, match="'userId' holds string"):
