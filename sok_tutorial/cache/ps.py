@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from kernels import checks
+from kernels.rows import gather_rows, scatter_rows
 
 
 def _find_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,8 +187,10 @@ class HostMemoryPS(ParameterServer):
     def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
         slots, _ = self._find(name, keys)
         found = slots >= 0
+        if found.all():
+            return gather_rows(self._rows[name], slots, out=np.empty((len(keys), width), np.float32)), found
         rows = np.zeros((len(keys), width), np.float32)
-        rows[found] = self._rows[name][slots[found]]
+        rows[found] = gather_rows(self._rows[name], slots[found])
         return rows, found
 
     def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
@@ -207,7 +210,7 @@ class HostMemoryPS(ParameterServer):
             staged[name] = (store, slots, rows, np.insert(self._keys[name], at, added),
                             np.insert(self._slots[name], at, added_slots))
         for name, (store, slots, rows, keys, key_slots) in staged.items():
-            store[slots] = rows
+            scatter_rows(store, slots, rows)
             self._rows[name], self._keys[name], self._slots[name] = store, keys, key_slots
 
     def _all_keys(self, name: str) -> np.ndarray:

@@ -72,6 +72,7 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from kernels.unique import unique
 from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
 from sok_tutorial.cache.staging import KeysetIndex, Prefetch, as_keys, keys_beside
@@ -318,7 +319,7 @@ class EmbeddingTrainingCache:
             self._sync()
         out = {}
         for layer in self.layers:
-            keys = np.unique(np.concatenate(self._updated[layer.name])) if self._updated[layer.name] else \
+            keys = unique(np.concatenate(self._updated[layer.name]))[0] if self._updated[layer.name] else \
                 np.zeros(0, np.int64)
             rows, _ = self.ps.pull(layer.name, keys)
             out[layer.name] = (keys, rows[:, :layer.embedding_vec_size].copy())
