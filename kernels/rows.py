@@ -1,5 +1,9 @@
 """Row gather/scatter between tables (``[rows, dim]`` arrays), on NumPy or CuPy.
 
+NumPy's ``take`` / fancy assignment / ``add.at`` are the specification; on the GPU the same calls
+run CuPy's own CUDA kernels (``cupyx.scatter_add`` for the atomic adds), so no hand-written
+``.cu`` is needed for a pure memory move.
+
 These move embedding rows (and optimizer slots) between a parameter server and a device table,
 and assemble loader batches. Indices are int64 row numbers; every index is bounds-checked, so a
 wrong row is an error, never a silent write elsewhere.

@@ -100,3 +100,19 @@ def test_cuda_table_matches_numpy_table(gpu):
     table = gpu.zeros((10, 3), gpu.float32)
     scatter_add_rows(table, gpu.asarray([2, 2, 9]), gpu.ones((3, 3), gpu.float32))
     assert gpu.asnumpy(table[2]).tolist() == [2, 2, 2]
+
+
+@pytest.mark.gpu
+def test_cuda_unique_and_row_moves_match_numpy(gpu):
+    rng = np.random.default_rng(2)
+    keys = np.concatenate([rng.integers(-1000, 1000, 50_000), np.array(EXTREMES * 10, np.int64)])
+    for a, b in zip(unique(gpu.asarray(keys)), unique(keys)):
+        np.testing.assert_array_equal(gpu.asnumpy(a), b)
+    table = rng.standard_normal((1000, 8)).astype(np.float32)
+    rows = rng.integers(0, 1000, 5000)
+    np.testing.assert_array_equal(gpu.asnumpy(gather_rows(gpu.asarray(table), gpu.asarray(rows))), table[rows])
+    target, dev = np.zeros_like(table), gpu.zeros(table.shape, gpu.float32)
+    unique_rows = rng.permutation(1000)[:300]
+    scatter_rows(target, unique_rows, table[:300])
+    scatter_rows(dev, gpu.asarray(unique_rows), gpu.asarray(table[:300]))
+    np.testing.assert_array_equal(gpu.asnumpy(dev), target)
