@@ -41,6 +41,16 @@ def test_written_csv_reads_back_identically(tmp_path, ml):
     assert back.metadata["oracle_auc"] == pytest.approx(ml.metadata["oracle_auc"])
 
 
+def test_same_seed_writes_the_same_bytes(tmp_path):
+    for name in ("a", "b"):
+        write_movielens(tmp_path / name, 5000, num_users=60, num_movies=40, seed=7, progress=False)
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir()) and "ratings.csv" in files
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    write_movielens(tmp_path / "c", 5000, num_users=60, num_movies=40, seed=8, progress=False)
+    assert (tmp_path / "c" / "ratings.csv").read_bytes() != (tmp_path / "a" / "ratings.csv").read_bytes()
+
+
 def test_prefix_property():
     a = generate_movielens(1000, num_users=50, num_movies=40, seed=3).ratings
     b = generate_movielens(70_000, num_users=50, num_movies=40, seed=3).ratings
