@@ -28,7 +28,7 @@ thread while it pushes the current one.
 Why RocksDB rather than LMDB: both are embedded, crash-safe, with maintained Python bindings,
 and ``benchmarks/training_cache.py`` measures both on the cache's access pattern (one batch write
 of a pass's rows, a shuffled batch read back; ``store_*`` rows of
-``build/bench/training_cache.json``). On our 2-core machine LMDB was about 2-3x faster at that
+``build/bench/training_cache.json``). On our 2-core machine LMDB was about 1.5-3x faster at that
 size, both in the hundreds of thousands of rows/s. We still store in RocksDB, for what a table
 larger than memory needs and a micro-benchmark does not show: LMDB memory-maps a file whose
 largest size is fixed when it is opened (a full map fails a write half-way through a pass, and
