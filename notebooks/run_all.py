@@ -10,13 +10,16 @@ For each ``notebooks/NN-*.ipynb`` in order this writes, under ``--build-dir``:
 
 A notebook whose source, parameters and library code are unchanged since its last successful
 run is skipped, so a second ``make tutorial`` is quick. Data generation inside the notebooks
-reuses datasets whose parameters did not change.
+reuses datasets whose parameters did not change. TensorFlow's C++ warnings (graph optimiser
+notes) are kept out of the executed notebooks (``TF_CPP_MIN_LOG_LEVEL=2`` unless set; the few
+start-up lines TensorFlow prints before reading it remain); errors still show.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -26,6 +29,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SOURCES = ("sok_tutorial", "kernels", "data_gen")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # inherited by the notebook kernels
 
 
 def notebooks(only: list[str] | None = None) -> list[Path]:
