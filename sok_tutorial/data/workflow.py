@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +166,3 @@ class Workflow:
         values = vocab.to_numpy(zero_copy_only=False)
         return values, np.arange(1, len(values) + 1, dtype=np.int64)
 
-
-def rows_to_table(rows: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> pa.Table:
-    """Raw rows (a dict of columns, or a list of dicts) as a table."""
-    if isinstance(rows, Mapping):
-        return to_table(rows)
-    return pa.Table.from_pylist(list(rows))
