@@ -13,6 +13,7 @@ keras = pytest.importorskip("keras")
 from data_gen.movielens import generate_movielens  # noqa: E402
 from sok_tutorial.data import ParquetLoader, Workflow, split_rows, to_parquet_dataset  # noqa: E402
 from sok_tutorial.training import export_model, fit, load_export  # noqa: E402
+from tests.training.resume import straight_and_resumed  # noqa: E402
 
 IDS = ["userId", "movieId"]
 
@@ -76,23 +77,11 @@ def test_verbose_prints_log_and_eval_lines_and_verbose_false_prints_none(ratings
 
 def test_fit_trains_snapshots_and_resumes_a_plain_keras_model(tmp_path, ratings):
     root, workflow, valid_rows = ratings
-    results = []
-    for interrupted in (False, True):
-        keras.utils.set_random_seed(0)
-        train, valid = _loaders(root)
-        model = _plain(workflow)
-        snaps = tmp_path / f"snaps-{interrupted}"
-        if interrupted:
-            first = fit(model, train, max_steps=7, snapshot_interval=7, snapshot_dir=snaps, progress=False,
-                        verbose=False)
-            assert first.snapshots == [str(snaps / "step-00000007")]
-            keras.utils.set_random_seed(123)  # a fresh process: nothing carried over but the snapshot
-            train, valid = _loaders(root)
-            model = _plain(workflow)
-        history = fit(model, train, eval_loader=valid, max_steps=2 * len(train), snapshot_interval=10,
-                      snapshot_dir=snaps, log_interval=1, progress=False, verbose=False)
-        results.append((history, [v.numpy() for v in model.trainable_variables], model))
-    (full, weights_full, _), (resumed, weights_resumed, model) = results
+    train, valid = _loaders(root)
+    (_, full, weights_full, _), (first, resumed, weights_resumed, model) = straight_and_resumed(
+        tmp_path, lambda: _plain(workflow), lambda: _loaders(root), 7, evaluate=True, max_steps=2 * len(train),
+        snapshot_interval=10, log_interval=1)
+    assert first.snapshots == [str(tmp_path / "snaps-True" / "step-00000007")]
     assert full.resumed_from is None and resumed.resumed_from == 7
     assert resumed.step[0] == 8 and resumed.step[-1] == 2 * len(train)
     np.testing.assert_allclose(resumed.loss, full.loss[7:], rtol=1e-5)

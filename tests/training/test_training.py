@@ -27,6 +27,7 @@ from sok_tutorial.training import (  # noqa: E402
     parameter_report,
     save_checkpoint,
 )
+from tests.training.resume import straight_and_resumed  # noqa: E402
 
 WORKFLOW = dict(cat_names=["userId", "movieId"], list_names=["genres"], label=("rating", 4.0), label_name="liked")
 
@@ -108,21 +109,9 @@ def test_fit_learns_logs_and_evaluates(tmp_path, movielens):
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, movielens):
     root, workflow, _, _ = movielens
-    results = []
-    for interrupted in (False, True):
-        keras.utils.set_random_seed(0)
-        train, _ = _loaders(root)
-        model = _model(workflow)
-        snaps = tmp_path / f"snaps-{interrupted}"
-        if interrupted:
-            fit(model, train, max_steps=35, snapshot_interval=35, snapshot_dir=snaps, progress=False)
-            keras.utils.set_random_seed(123)  # a fresh process: nothing carried over but the snapshot
-            train, _ = _loaders(root)
-            model = _model(workflow)
-        history = fit(model, train, max_steps=80, snapshot_interval=40, snapshot_dir=snaps, log_interval=1,
-                      progress=False)
-        results.append((history, [v.numpy() for v in model.trainable_variables]))
-    (full, weights_full), (resumed, weights_resumed) = results
+    (_, full, weights_full, _), (_, resumed, weights_resumed, _) = straight_and_resumed(
+        tmp_path, lambda: _model(workflow), lambda: _loaders(root), 35, max_steps=80, snapshot_interval=40,
+        log_interval=1)
     assert resumed.resumed_from == 35
     np.testing.assert_allclose(resumed.loss, full.loss[35:], rtol=1e-5)
     for a, b in zip(weights_full, weights_resumed):
