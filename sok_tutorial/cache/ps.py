@@ -4,18 +4,18 @@ A row is a table's vector followed by its optimizer state for that key (Adam's `
 float32, ``width`` wide; the training cache decides the layout, the server only stores rows.
 Every call works on whole batches of keys, and `push` is all or nothing.
 
-* `HostMemoryPS`: rows in a NumPy array per table, found through the table's sorted keys (a
-  binary search per key; a push merges its new keys in with one insert). It used the kernels'
-  `HashTable`, whose NumPy insert works in probe rounds and rehashes every key when it grows:
-  on the benchmark's passes (~112k keys, 40-60% of them new) a push of both tables took 50-110
-  ms with it, 15-25 ms now, and a pull 12-19 ms, 7 ms now. The merge copies the key arrays (16
-  bytes a key), so a push grows with the table: 60-300 ms more per table at 10M keys.
+* `HostMemoryPS`: rows in a NumPy array per table, found through a ``kernels.key_index.KeyIndex``
+  of the table's keys (a push merges its new keys in with one insert). A hash table whose NumPy
+  insert works in probe rounds and rehashes every key when it grows was slower here: on the
+  benchmark's passes (~112k keys, 40-60% of them new) a push of both tables took 50-110 ms with
+  it, 15-25 ms with sorted keys, and a pull 12-19 ms against 7 ms. The merge copies the key
+  arrays (16 bytes a key), so a push grows with the table: 60-300 ms more per table at 10M keys.
 * `DiskPS`: rows in RocksDB (through ``rocksdict``), one record per key. A `push` is one
   ``WriteBatch``: RocksDB applies it atomically and logs it to its write-ahead log before
   returning, so a process killed at any moment reopens with every completed push and no part
-  of an interrupted one. It also keeps each table's keys in memory, sorted (8 bytes a key: a
-  scan of the store reads them on first use, every push merges its new keys after RocksDB took
-  it), so a pull asks RocksDB only for keys the table holds. A point lookup costs about 2 us
+  of an interrupted one. It also keeps each table's keys in memory in a `KeyIndex` (16 bytes a
+  key: a scan of the store reads them on first use, every push merges its new keys after RocksDB
+  took it), so a pull asks RocksDB only for keys the table holds. A point lookup costs about 2 us
   on our machine whether the key exists or not, and a pass brings many new keys (40-60% of
   what the training cache pulls in the benchmark), so this took the server's pulls in a
   benchmark pass from ~0.26 s to ~0.08 s (0.54 s before the cache reused the rows of keys it
@@ -58,19 +58,8 @@ from typing import Any
 import numpy as np
 
 from kernels import checks
+from kernels.key_index import KeyIndex
 from kernels.rows import gather_rows, scatter_rows
-
-
-def _find_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(``keys[i] in sorted_keys``, where ``keys[i]`` is or would be inserted) by binary search."""
-    pos = np.searchsorted(sorted_keys, keys)
-    if not len(sorted_keys):
-        return np.zeros(len(keys), bool), pos
-    return sorted_keys[np.minimum(pos, len(sorted_keys) - 1)] == keys, pos
-
-
-def _in_sorted(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
-    return _find_sorted(keys, sorted_keys)[0]
 
 
 class PSLocked(RuntimeError):
@@ -164,28 +153,20 @@ class ParameterServer:
 
 
 class HostMemoryPS(ParameterServer):
-    """Tables in host memory: sorted keys with the store row of each, rows in a growing NumPy array."""
+    """Tables in host memory: a `KeyIndex` from key to store row, rows in a growing NumPy array."""
 
     def __init__(self, initial_rows: int = 1 << 16):
         super().__init__()
         self.initial_rows = checks.positive_int("initial_rows", initial_rows)
-        self._keys: dict[str, np.ndarray] = {}  # sorted
-        self._slots: dict[str, np.ndarray] = {}  # the store row of each of those keys
+        self._index: dict[str, KeyIndex] = {}  # key -> its row of the store
         self._rows: dict[str, np.ndarray] = {}
 
     def _create(self, name: str, width: int) -> None:
-        self._keys[name], self._slots[name] = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._index[name] = KeyIndex(np.zeros(0, np.int64))
         self._rows[name] = np.zeros((self.initial_rows, width), np.float32)
 
-    def _find(self, name: str, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(store row of each key or -1, its position in the sorted keys)."""
-        found, pos = _find_sorted(keys, self._keys[name])
-        if not found.any():
-            return np.full(len(keys), -1, np.int64), pos
-        return np.where(found, self._slots[name][np.minimum(pos, len(self._slots[name]) - 1)], -1), pos
-
     def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        slots, _ = self._find(name, keys)
+        slots = self._index[name].lookup(keys)
         found = slots >= 0
         if found.all():
             return gather_rows(self._rows[name], slots, out=np.empty((len(keys), width), np.float32)), found
@@ -197,27 +178,25 @@ class HostMemoryPS(ParameterServer):
         """Allocate everything (grown stores, merged key arrays) first, then write: all or nothing."""
         staged = {}
         for name, (keys, rows) in updates.items():
-            slots, pos = self._find(name, keys)
+            index, store = self._index[name], self._rows[name]
+            slots = index.lookup(keys)
             new = slots < 0
-            size, store = len(self._keys[name]), self._rows[name]
-            slots[new] = np.arange(size, size + int(new.sum()))
-            if size + int(new.sum()) > len(store):
-                grown = np.zeros((max(size + int(new.sum()), 2 * len(store)), store.shape[1]), np.float32)
+            size, added = len(index), int(new.sum())
+            slots[new] = np.arange(size, size + added)
+            if size + added > len(store):
+                grown = np.zeros((max(size + added, 2 * len(store)), store.shape[1]), np.float32)
                 grown[:size] = store[:size]
                 store = grown
-            order = np.argsort(keys[new], kind="stable")  # the new keys in key order (a no-op sort when sorted)
-            at, added, added_slots = pos[new][order], keys[new][order], slots[new][order]
-            staged[name] = (store, slots, rows, np.insert(self._keys[name], at, added),
-                            np.insert(self._slots[name], at, added_slots))
-        for name, (store, slots, rows, keys, key_slots) in staged.items():
+            staged[name] = (store, slots, rows, index.insert(keys[new], slots[new]))
+        for name, (store, slots, rows, index) in staged.items():
             scatter_rows(store, slots, rows)
-            self._rows[name], self._keys[name], self._slots[name] = store, keys, key_slots
+            self._rows[name], self._index[name] = store, index
 
     def _all_keys(self, name: str) -> np.ndarray:
-        return self._keys[name].copy()
+        return self._index[name].keys.copy()
 
     def nbytes(self) -> int:
-        return int(sum(r[: len(self._keys[n])].nbytes for n, r in self._rows.items()))
+        return int(sum(r[: len(self._index[n])].nbytes for n, r in self._rows.items()))
 
 
 class DiskPS(ParameterServer):
@@ -252,7 +231,7 @@ class DiskPS(ParameterServer):
         self._write_options.sync = bool(sync)
         meta = self._db.get(self._META)
         self._tables: dict[str, int] = {}
-        self._present: dict[str, np.ndarray] = {}  # each table's keys, sorted; read by one scan on first use
+        self._present: dict[str, KeyIndex] = {}  # each table's keys; read by one scan on first use
         if meta is not None:
             for name, (table_id, width) in json.loads(meta.decode()).items():
                 self._tables[name], self.widths[name] = table_id, width
@@ -268,17 +247,17 @@ class DiskPS(ParameterServer):
 
     def _create(self, name: str, width: int) -> None:
         self._tables[name] = len(self._tables)
-        self._present[name] = np.zeros(0, np.int64)
+        self._present[name] = KeyIndex(np.zeros(0, np.int64))
         meta = {n: (self._tables[n], self.widths[n]) for n in self._tables}
         self._db.put(self._META, json.dumps(meta).encode(), self._write_options)
 
-    def _keys_held(self, name: str) -> np.ndarray:
+    def _keys_held(self, name: str) -> KeyIndex:
         if name not in self._present:
-            self._present[name] = np.sort(self._scan_keys(name))
+            self._present[name] = KeyIndex(self._scan_keys(name))
         return self._present[name]
 
     def _pull(self, name: str, keys: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        found = _in_sorted(keys, self._keys_held(name))
+        found = self._keys_held(name).contains(keys)
         if not found.any():
             return np.zeros((len(keys), width), np.float32), found
         values = self._db[self._record_keys(name, keys[found] if not found.all() else keys)]
@@ -307,8 +286,8 @@ class DiskPS(ParameterServer):
         self._write(batch)
         for name, (keys, _) in updates.items():
             held = self._present.pop(name)  # rebuilt by a scan should the merge fail
-            new = np.sort(keys[~_in_sorted(keys, held)])
-            self._present[name] = np.insert(held, np.searchsorted(held, new), new) if len(new) else held
+            new = keys[~held.contains(keys)]
+            self._present[name] = held.insert(new, np.arange(len(held), len(held) + len(new)))
 
     def _write(self, batch: Any) -> None:
         try:
@@ -321,7 +300,7 @@ class DiskPS(ParameterServer):
             raise
 
     def _all_keys(self, name: str) -> np.ndarray:
-        return self._keys_held(name).copy()
+        return self._keys_held(name).keys.copy()
 
     def _scan_keys(self, name: str) -> np.ndarray:
         prefix, out = self._prefix(name), []

@@ -1,10 +1,9 @@
-"""Staging a pass for the training cache: key -> device row, and the next keyset's background pull.
+"""Staging a pass for the training cache: the next keyset's background pull, and keysets.
 
-* `KeysetIndex`: a pass's sorted unique keys and their rows ``0 .. n-1``. When the keys span a
-  range at most ``_DENSE_FACTOR`` times their number, it answers through a dense int32 lookup
-  array over that range (one gather per key); otherwise by binary search. The loader's remap of
-  every categorical value goes through it: for a column of 50,000 values and a keyset of 112k
-  keys spanning 3.1M, 0.1 ms instead of 5.6 ms, ~0.1 s of CPU less per pass of the benchmark.
+A pass's keys map to device rows ``0 .. n-1`` through a ``kernels.key_index.KeyIndex`` of its
+sorted keyset; the loader's remap of every categorical value goes through it (its dense path:
+~0.1 s of CPU less per pass of the benchmark than a binary search).
+
 * `Prefetch`: pulls rows from the parameter server in a background thread, in chunks (a
   parameter server call may hold the GIL for its whole length, so short calls let the training
   thread run in between), and can be stopped between chunks.
@@ -13,11 +12,8 @@
 
 Example:
     >>> import numpy as np
-    >>> index = KeysetIndex(np.array([3, 5, 9]))
-    >>> index.positions(np.array([[9, 3], [4, 5]])).tolist()
-    [[2, 0], [-1, 1]]
-    >>> KeysetIndex(np.array([-2**63, 0, 2**63 - 1])).positions(np.array([0, 7])).tolist()  # sparse
-    [1, -1]
+    >>> as_keys(np.array([9, 3, 9, -2**63])).tolist()
+    [-9223372036854775808, 3, 9]
 """
 from __future__ import annotations
 
@@ -30,8 +26,6 @@ import numpy as np
 
 from sok_tutorial.data.keyset import keyset_path, read_keyset
 
-_DENSE_FACTOR = 64  # a dense index holds at most this many int32 entries per key ...
-_DENSE_MIN = 1 << 22  # ... or this many entries (16 MiB) whatever the number of keys
 _CHUNK = 4096  # keys per parameter-server call in the background pull
 WRITE_KEYSETS = ("keysets=True on the data_gen writers (e.g. data_gen.criteo.write_criteo_parquet, "
                  "data_gen.criteo_tsv.preprocess_criteo) or sok_tutorial.data.keyset.write_keyset")
@@ -60,31 +54,6 @@ def keys_beside(files: Any) -> np.ndarray:
     if missing:
         raise FileNotFoundError(f"no keyset beside the data files: {missing[:3]} (write them with {WRITE_KEYSETS})")
     return np.concatenate([read_keyset(p) for p in paths])
-
-
-class KeysetIndex:
-    """Positions of keys in a sorted unique int64 array (``-1`` where absent)."""
-
-    def __init__(self, keys: np.ndarray):
-        self.keys = keys
-        self._lut = None
-        if len(keys):
-            self._low, span = keys[0], int(keys[-1]) - int(keys[0]) + 1
-            if span <= max(_DENSE_FACTOR * len(keys), _DENSE_MIN):
-                self._lut = np.full(span + 1, -1, np.int32 if len(keys) < 2**31 else np.int64)  # last: absent
-                self._lut[keys - self._low] = np.arange(len(keys), dtype=self._lut.dtype)
-                self._span = np.uint64(span)
-
-    def positions(self, keys: np.ndarray) -> np.ndarray:
-        """int64 positions of `keys` (any shape) in this keyset, ``-1`` for keys outside it."""
-        keys = np.asarray(keys, dtype=np.int64)
-        if not len(self.keys):
-            return np.full(keys.shape, -1, np.int64)
-        if self._lut is not None:  # the int64 difference wraps; as unsigned, keys outside are >= span
-            offset = (keys - self._low).view(np.uint64)
-            return self._lut[np.minimum(offset, self._span)].astype(np.int64, copy=False)
-        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[pos] == keys, pos, -1)
 
 
 class Prefetch:

@@ -72,10 +72,11 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from kernels.key_index import KeyIndex
 from kernels.unique import unique
 from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
-from sok_tutorial.cache.staging import KeysetIndex, Prefetch, as_keys, keys_beside
+from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.layers import _EmbeddingBase
 from sok_tutorial.embedding.slots import table_slots
@@ -149,10 +150,10 @@ class EmbeddingTrainingCache:
                        for layer in self.layers}
         for name, width in self.widths.items():
             ps.ensure_table(name, width)
-        self._index: KeysetIndex | None = None  # the active pass's keys
+        self._index: KeyIndex | None = None  # the active pass's keys
         self._before: dict[str, np.ndarray] = {}  # the server's rows of the active pass, to find changes
-        self._known: tuple[KeysetIndex, dict[str, np.ndarray]] | None = None  # the server's rows of the last pass
-        self._prefetch: tuple[np.ndarray, KeysetIndex | None, Prefetch] | None = None
+        self._known: tuple[KeyIndex, dict[str, np.ndarray]] | None = None  # the server's rows of the last pass
+        self._prefetch: tuple[np.ndarray, KeyIndex | None, Prefetch] | None = None
         self._updated: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}
         self.history: list[dict[str, float]] = []
         self._pushed = False  # whether the active pass pushed rows (a sync before its end)
@@ -196,8 +197,8 @@ class EmbeddingTrainingCache:
             raise RuntimeError("a pass is active: call write_back() before update() loads the next keyset")
         keys = self._checked_keyset(keyset)
         start = time.perf_counter()
-        index, known = KeysetIndex(keys), self._known
-        pos = known[0].positions(keys) if known is not None else np.full(len(keys), -1, np.int64)
+        index, known = KeyIndex(keys), self._known
+        pos = known[0].lookup(keys) if known is not None else np.full(len(keys), -1, np.int64)
         old = pos >= 0  # rows the cache holds from the last pass, as the server has them
         pulled = self._prefetched(keys)
         if pulled is None:
@@ -226,7 +227,7 @@ class EmbeddingTrainingCache:
         keys = self._checked_keyset(keyset)
         self._cancel_prefetch()
         exclude = self._known[0] if self._known is not None else None
-        rest = keys if exclude is None else keys[exclude.positions(keys) < 0]
+        rest = keys if exclude is None else keys[exclude.lookup(keys) < 0]
         self._prefetch = (keys, exclude, Prefetch(self._pull_rows, rest))
 
     def _prefetched(self, keys: np.ndarray) -> dict[str, np.ndarray] | None:
@@ -269,7 +270,7 @@ class EmbeddingTrainingCache:
         if index is None:
             raise RuntimeError("no active pass: call update(keyset) first")
         keys = np.asarray(keys, dtype=np.int64)
-        pos = index.positions(keys)
+        pos = index.lookup(keys)
         bad = pos < 0
         if bad.any():
             missing = np.unique(keys[bad])

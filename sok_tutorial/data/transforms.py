@@ -3,8 +3,8 @@
 * `HashBucket(num_buckets)`: ``kernels.hash_bucket``, a deterministic 64-bit hash that gives the
   same bucket on CPU and GPU (the "online hashing" of the accelerated DLRM pipeline).
 * a fitted `Categorify` (from ``Categorify.load``): raw integer keys -> the contiguous ids of
-  the saved mapping, unseen keys -> 0 (the OOV row), by binary search in the sorted vocabulary
-  (``kernels.remap.lookup_sorted``).
+  the saved mapping, unseen keys -> 0 (the OOV row), through a ``kernels.key_index.KeyIndex`` of
+  the vocabulary (a dense table over a narrow span of keys, a binary search otherwise).
 
 Each transform takes ``columns`` (default: every categorical and list column of the loader).
 """
@@ -19,7 +19,7 @@ import pyarrow as pa
 from kernels import checks
 from kernels.backend import array_module_of
 from kernels.hash_bucket import hash_bucket
-from kernels.remap import lookup_sorted
+from kernels.key_index import KeyIndex
 from sok_tutorial.data.categorify import OOV, Categorify
 
 
@@ -83,7 +83,7 @@ class CategorifyLookup(Transform):
             raise ValueError("the Categorify passed as a loader transform is not fitted")
         super().__init__(categorify.columns if columns is None else columns)
         self.categorify = categorify
-        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._indexes: dict[str, KeyIndex] = {}
         for name in self.columns:
             if name not in categorify.vocabularies:
                 raise ValueError(f"the Categorify has no vocabulary for column {name!r}")
@@ -92,18 +92,16 @@ class CategorifyLookup(Transform):
                 raise TypeError(f"column {name!r}: the Categorify vocabulary holds {vocab.type} values; the loader "
                                 "remaps integer keys (convert string columns with to_parquet_dataset instead)")
             keys = vocab.to_numpy().astype(np.int64)
-            order = np.argsort(keys, kind="stable")
-            self._tables[name] = (keys[order], (order + 1).astype(np.int64))  # id i+1 for vocab row i
-        self._device_tables: dict[tuple[str, str], tuple[Any, Any]] = {}
+            self._indexes[name] = KeyIndex(keys, np.arange(1, len(keys) + 1))  # id i+1 for vocab row i
+        self._device_indexes: dict[tuple[str, str], KeyIndex] = {}
 
     def transform(self, values: Any, column: str) -> Any:
         xp = array_module_of(values)
         key = (column, xp.__name__)
-        if key not in self._device_tables:
-            keys, ids = self._tables[column]
-            self._device_tables[key] = (xp.asarray(keys), xp.asarray(ids))
-        keys, ids = self._device_tables[key]
-        return lookup_sorted(keys, ids, values, OOV)
+        if key not in self._device_indexes:  # one copy of the index per device, made on first use
+            index = self._indexes[column]
+            self._device_indexes[key] = index if xp is np else KeyIndex(xp.asarray(index.keys), xp.asarray(index.ids))
+        return self._device_indexes[key].lookup(values, OOV)
 
     def cardinality(self, column: str) -> int | None:
         return self.categorify.cardinalities[column]

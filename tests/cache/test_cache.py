@@ -27,7 +27,6 @@ pytest.importorskip("rocksdict")
 import sok_tutorial as sok  # noqa: E402
 from data_gen.criteo import CAT_NAMES, write_criteo_parquet  # noqa: E402
 from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache, HostMemoryPS, PSLocked  # noqa: E402
-from sok_tutorial.cache.staging import KeysetIndex  # noqa: E402
 from sok_tutorial.data import ParquetLoader  # noqa: E402
 from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
 from sok_tutorial.data.schema import Schema  # noqa: E402
@@ -164,21 +163,6 @@ def test_update_loads_the_server_rows_whatever_was_prefetched(tmp_path, store):
             cache.prefetch(following)
             cache.load_params_from_files(tmp_path / "params")  # the server's rows go back to step 3
     ps.close()
-
-
-def test_keyset_index_dense_and_sparse_agree():
-    rng = np.random.default_rng(1)
-    extremes = np.array([-2**63, -2**63 + 1, -1, 0, 1, 2**63 - 2, 2**63 - 1], np.int64)
-    for keys in (np.unique(rng.integers(0, 10_000, 3000)), np.unique(rng.integers(-50, 50, 40)),
-                 np.unique(np.concatenate([extremes, rng.integers(-10**6, 10**6, 100)])), np.array([5]),
-                 np.zeros(0, np.int64)):
-        queries = np.concatenate([keys, rng.integers(-20_000, 20_000, 500), extremes]).reshape(1, -1)
-        dense, sparse = KeysetIndex(keys), KeysetIndex(keys)
-        sparse._lut = None
-        expected = np.array([np.searchsorted(keys, q) if q in set(keys.tolist()) else -1 for q in queries.ravel()])
-        np.testing.assert_array_equal(dense.positions(queries), expected.reshape(queries.shape))
-        np.testing.assert_array_equal(sparse.positions(queries), expected.reshape(queries.shape))
-        assert dense.positions(queries).dtype == np.int64
 
 
 @pytest.mark.parametrize("store", ["host", "disk"])
