@@ -80,7 +80,7 @@ from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.layers import _EmbeddingBase
 from sok_tutorial.embedding.slots import table_slots
-from sok_tutorial.embedding.vocabulary import keyed_initial_values
+from sok_tutorial.embedding.initializers import keyed_initial_values
 from sok_tutorial.optimizers import _tf
 
 

@@ -22,35 +22,8 @@ import tensorflow as tf
 from kernels import checks
 from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
 from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable, local_components
-from sok_tutorial.embedding.vocabulary import DynamicVocabulary, InitSpec, init_spec, keyed_initial_values
-
-_INIT_CHUNK = 1 << 20  # rows initialised per pass (bounds the temporary memory of huge tables)
-
-
-@keras.saving.register_keras_serializable(package="sok_tutorial")
-class KeyedInitializer(keras.initializers.Initializer):
-    """Row ``r`` of a ``[rows, dim]`` table gets ``keyed_initial_values([r])``; zeros with ``dynamic``
-    (rows of a dynamic vocabulary are written when their key arrives)."""
-
-    def __init__(self, kind: str = "uniform", a: float = -0.05, b: float = 0.05, seed: int = 0,
-                 dynamic: bool = False):
-        self.spec = InitSpec(kind, a, b, seed)
-        self.dynamic = dynamic
-
-    def __call__(self, shape: Any, dtype: Any = None) -> Any:
-        rows, dim = int(shape[0]), int(shape[1])
-        if self.dynamic:
-            return tf.zeros([rows, dim], dtype or "float32")
-        values = np.empty((rows, dim), np.float32)
-        for lo in range(0, rows, _INIT_CHUNK):
-            hi = min(rows, lo + _INIT_CHUNK)
-            values[lo:hi] = keyed_initial_values(np.arange(lo, hi, dtype=np.int64), dim, self.spec)
-        return tf.constant(values, dtype=dtype or "float32")
-
-    def get_config(self) -> dict[str, Any]:
-        return {"kind": self.spec.kind, "a": self.spec.a, "b": self.spec.b, "seed": self.spec.seed,
-                "dynamic": self.dynamic}
-
+from sok_tutorial.embedding.initializers import InitSpec, KeyedInitializer, init_spec, keyed_initial_values
+from sok_tutorial.embedding.vocabulary import DynamicVocabulary
 
 def is_embedding_variable(variable: Any) -> bool:
     return bool(getattr(variable, "_sok_embedding", False))

@@ -54,7 +54,8 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.slots import table_slots
-from sok_tutorial.embedding.vocabulary import DynamicVocabulary, keyed_initial_values
+from sok_tutorial.embedding.initializers import keyed_initial_values
+from sok_tutorial.embedding.vocabulary import DynamicVocabulary
 
 SHARDINGS = ("replicated", "row", "table")
 EXCHANGES = ("all_gather", "all_reduce")

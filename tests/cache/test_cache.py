@@ -31,7 +31,7 @@ from sok_tutorial.data import ParquetLoader  # noqa: E402
 from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
 from sok_tutorial.data.schema import Schema  # noqa: E402
 from sok_tutorial.data.transforms import Transform  # noqa: E402
-from sok_tutorial.embedding.vocabulary import keyed_initial_values  # noqa: E402
+from sok_tutorial.embedding.initializers import keyed_initial_values  # noqa: E402
 
 CARDS = [4000 + 100 * i for i in range(26)]
 VOCAB = sum(CARDS)

@@ -8,7 +8,7 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import VocabularyExhausted, keyed_initial_values  # noqa: E402
-from sok_tutorial.embedding.vocabulary import init_spec  # noqa: E402
+from sok_tutorial.embedding.initializers import init_spec  # noqa: E402
 
 EXTREME = [0, -1, 2**63 - 1, -(2**63), 2**40]
 
