@@ -1,6 +1,7 @@
 """Embedding training speed: 26 slots, dim 16, batch 8192, tables of 1M and 10M rows.
 
-Cases (training samples/s, each in its own process, interleaved over --repeat rounds):
+Cases (training samples/s, each in its own process, interleaved over --repeat rounds), group
+``sok_vs_keras``:
 
     sok_lazyadam          DistributedEmbedding (row ids) + sok_tutorial LazyAdam: sparse updates
     keras_embedding_adam  keras.layers.Embedding + keras Adam (dense updates of the whole table)
@@ -11,7 +12,18 @@ Cases (training samples/s, each in its own process, interleaved over --repeat ro
 The physical ceiling: this machine's random row-gather bandwidth (NumPy, same table size); the
 report gives the embedding bytes a sok_lazyadam step moves per second as a fraction of it.
 
-    python benchmarks/embedding.py [--quick] [--out build/bench]
+Group ``torchrec_shape``: TorchRec's benchmark shape (``benchmarks/_tables.py``: 26 tables x
+384,615 rows folded into one, dim 16, batch 8192, one Zipf id per table, Linear(416 -> 1)), a
+static table (row ids) and a dynamic one (any int64 key, the in-graph index), each with SGD,
+Adagrad, Adam and LazyAdam; the dynamic/static ratio; the per-op profile of the SGD and LazyAdam
+steps. With ``--torchrec PYTHON`` (TorchRec's virtualenv) and ``--peers DIR`` (the folder of
+``bench_torchrec.py``), TorchRec's fused CPU kernels and plain PyTorch run in the same rounds.
+
+Group ``index``: the key index alone, lookup + insert of each step's distinct keys into an empty
+10M-row index, and lookups alone: ours against ``DenseHashTable`` and ``MutableHashTable``; and
+``reduce``: summing a step's gradient rows per distinct row, by sparse product and by segment sum.
+
+    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index] [--out build/bench]
 """
 from __future__ import annotations
 
@@ -21,12 +33,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench  # noqa: E402
+from benchmarks import _bench, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
@@ -81,9 +94,10 @@ def run_case(case: str, rows: int, steps: int, keys: str) -> dict:
         variables = [table] + head.trainable_variables
     else:
         per_table = max(rows // SLOTS, 1)
-        tables = [keras.Variable(keras.initializers.RandomUniform(-0.05, 0.05)((per_table, DIM))) for _ in range(SLOTS)]
-        for t in tables:
-            t._sok_embedding = True
+        owners = [sok.EmbeddingTable(per_table, DIM, dynamic=False) for _ in range(SLOTS)]  # tables: sparse updates
+        for t in owners:
+            t.build()
+        tables = [t.variable for t in owners]
         optimizer = sok.optimizers.LazyAdam(1e-3)
         fused = case == "group_lookup_fused"
 
@@ -132,18 +146,76 @@ def gather_ceiling(rows: int, keys: str) -> float:
 
 def child(argv: list[str]) -> None:
     case, rows, steps, keys = argv[0], int(argv[1]), int(argv[2]), argv[3]
-    result = gather_ceiling(rows, keys) if case == "ceiling" else run_case(case, rows, steps, keys)
+    if case.startswith("torchrec_shape:"):  # torchrec_shape:<static|dynamic>:<optimizer>[:profile]
+        parts = case.split(":")
+        result = _tables.train(parts[1], parts[2], steps, profile=parts[-1] == "profile")
+    elif case.startswith("index:"):
+        result = _tables.index(case.split(":")[1], steps)
+    else:
+        result = gather_ceiling(rows, keys) if case == "ceiling" else run_case(case, rows, steps, keys)
     print("RESULT " + json.dumps(result))
+
+
+PEER_CASES = {"torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused sgd": "torchrec_fused_sgd",
+              "torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused adagrad": "torchrec_fused_adagrad",
+              "torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused rowwise_adagrad":
+                  "torchrec_fused_rowwise_adagrad",
+              "plain: 26x nn.EmbeddingBag(sparse=True) + sparseadam": "pytorch_sparseadam"}
+
+
+def run_peer(python: str, peers: str) -> dict[str, float]:
+    """TorchRec's fused CPU kernels and plain PyTorch on the same workload: {case: samples/s}."""
+    script = Path(peers) / "bench_torchrec.py"
+    out = subprocess.run([python, str(script), "fused_sgd", "fused_adagrad", "fused_rowwise_adagrad", "plain"],
+                         capture_output=True, text=True, cwd=str(script.parent))
+    results = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("{") and '"median_sps"' in line:
+            record = json.loads(line)
+            if record["name"] in PEER_CASES:
+                results[PEER_CASES[record["name"]]] = record["median_sps"]
+    if out.returncode or len(results) < len(PEER_CASES):
+        raise RuntimeError(f"the TorchRec run failed or was incomplete ({sorted(results)}):\n{out.stderr[-3000:]}")
+    return results
+
+
+def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) -> tuple[list[dict], dict]:
+    """Rows and goals of the torchrec_shape group."""
+    table, goals = [], {}
+    for optimizer in _tables.OPTIMIZERS:
+        sps = {kind: _bench.median([r["samples_per_s"] for r in results[f"torchrec_shape:{kind}:{optimizer}"]])
+               for kind in ("static", "dynamic")}
+        for kind in ("static", "dynamic"):
+            row = {"case": "torchrec_shape", "table": kind, "optimizer": optimizer, "samples_per_s": round(sps[kind])}
+            if kind == "dynamic":
+                row["dynamic_vs_static"] = round(sps["dynamic"] / sps["static"], 2)
+            table.append(row)
+        goals[f"dynamic_vs_static_{optimizer}"] = {"goal": 0.9, "measured": round(sps["dynamic"] / sps["static"], 2)}
+    for name, runs in peers.items():
+        table.append({"case": "torchrec_peer", "table": name, "samples_per_s": round(_bench.median(runs))})
+    if peers:
+        static = {r["optimizer"]: r["samples_per_s"] for r in table if r.get("table") == "static"}
+        peer = {name: _bench.median(runs) for name, runs in peers.items()}
+        goals["static_sgd_vs_torchrec_fused_sgd"] = {"goal": 1.5, "measured": round(static["sgd"] / peer[
+            "torchrec_fused_sgd"], 2)}
+        goals["static_adagrad_vs_torchrec_fused_adagrad"] = {"goal": 1.5, "measured": round(static["adagrad"] / peer[
+            "torchrec_fused_adagrad"], 2)}
+        goals["lazyadam_vs_pytorch_sparseadam"] = {"goal": 2.0, "measured": round(static["lazyadam"] / peer[
+            "pytorch_sparseadam"], 2)}
+    return table, {"goals": goals, "profiles_ms_per_step": profiles}
 
 
 def main() -> None:
     parser = _bench.parser(__doc__)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--group", default="all", choices=["all", "sok_vs_keras", "torchrec_shape", "index"])
+    parser.add_argument("--torchrec", default=None, help="python of a TorchRec virtualenv (runs the peer too)")
+    parser.add_argument("--peers", default=str(_HERE.parent.parent / "shared" / "peers"),
+                        help="folder holding bench_torchrec.py")
     args = parser.parse_args()
-    sizes = [200_000, 2_000_000] if args.quick else [1_000_000, 10_000_000]
-    steps = args.steps or (4 if args.quick else 10)
+    groups = ["sok_vs_keras", "torchrec_shape", "index"] if args.group == "all" else [args.group]
 
-    def run(case: str, rows: int, keys: str) -> dict | float:
+    def run(case: str, rows: int, steps: int, keys: str) -> dict | float:
         out = subprocess.run([sys.executable, __file__, "--child", case, str(rows), str(steps), keys],
                              capture_output=True, text=True)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -151,12 +223,54 @@ def main() -> None:
             raise RuntimeError(f"{case} at {rows} rows failed:\n{out.stderr[-3000:]}")
         return json.loads(line[0][7:])
 
+    if "sok_vs_keras" in groups:
+        sok_vs_keras(args, run)
+    if "torchrec_shape" in groups or "index" in groups:
+        steps = 8 if args.quick else _tables.STEPS
+        results: dict[str, list] = {}
+        peers: dict[str, list[float]] = {}
+        cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in ("static", "dynamic")]
+                 if "torchrec_shape" in groups else [])
+        cases += [f"index:{kind}" for kind in _tables.INDEXES] if "index" in groups else []
+        for _ in range(1 if args.quick else args.repeat):
+            for case in cases:
+                results.setdefault(case, []).append(run(case, 0, steps, ""))
+            if args.torchrec and "torchrec_shape" in groups:
+                for name, sps in run_peer(args.torchrec, args.peers).items():
+                    peers.setdefault(name, []).append(sps)
+        rows, notes = [], {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " ")}
+        if "torchrec_shape" in groups:
+            profiles = {f"{kind}_{o}": run(f"torchrec_shape:{kind}:{o}:profile", 0, steps, "")["profile_ms"]
+                        for o in ("sgd", "lazyadam") for kind in ("static", "dynamic")}
+            rows, more = tables_report(results, peers, profiles)
+            notes.update(more)
+        if "index" in groups:
+            runs = results["index:reduce"]
+            rows.append({"case": "reduce", **{k: round(_bench.median([r[k] for r in runs]), 2) for k in runs[0]}})
+            for kind in _tables.INDEXES[:-1]:
+                runs = results[f"index:{kind}"]
+                rows.append({"case": "index", "table": kind,
+                             "lookup_insert_ms": round(_bench.median([r["lookup_insert_ms"] for r in runs]), 2),
+                             "lookup_ms": round(_bench.median([r["lookup_ms"] for r in runs]), 2),
+                             "distinct_keys_per_step": round(runs[0]["distinct_keys_per_step"])})
+        _bench.report("embedding_tables", rows, args.out, notes=notes)
+        for name, g in notes.get("goals", {}).items():
+            print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
+        for name, ops in notes.get("profiles_ms_per_step", {}).items():
+            print(f"top ops, {name} (ms of CPU per step): " + ", ".join(f"{o['op']} {o['ms']}" for o in ops[:8]))
+
+
+def sok_vs_keras(args: Any, run: Any) -> None:
+    """The sok_vs_keras group: the cases at the top of the module docstring."""
+    sizes = [200_000, 2_000_000] if args.quick else [1_000_000, 10_000_000]
+    steps = args.steps or (4 if args.quick else 10)
+
     results: dict[tuple[str, int, str], list] = {}
     for _ in range(args.repeat):
         for keys in KEYS:
             for rows in sizes:
                 for case in CASES + ["ceiling"]:
-                    results.setdefault((case, rows, keys), []).append(run(case, rows, keys))
+                    results.setdefault((case, rows, keys), []).append(run(case, rows, steps, keys))
     table = []
     for keys in KEYS:
         for rows in sizes:

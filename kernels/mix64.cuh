@@ -1,5 +1,5 @@
-// mix64.cuh: the splitmix64 finalizer shared by the kernels of this package (hash_bucket.cu,
-// hash_table.cu). Its NumPy twin is kernels.hashing.mix64.
+// mix64.cuh: the splitmix64 finalizer of the kernels of this package (hash_bucket.cu).
+// Its NumPy twin is kernels.hashing.mix64.
 #pragma once
 
 __device__ __forceinline__ unsigned long long mix64(unsigned long long z) {

@@ -10,7 +10,9 @@ __version__ = "0.1.0"
 _NAMES: dict[str, str] = {
     "DistributedEmbedding": "sok_tutorial.embedding",
     "All2AllDenseEmbedding": "sok_tutorial.embedding",
-    "DynamicVocabulary": "sok_tutorial.embedding",
+    "EmbeddingTable": "sok_tutorial.embedding",
+    "ShardedTable": "sok_tutorial.embedding",
+    "tables_of": "sok_tutorial.embedding",
     "split_embedding_variable_from_others": "sok_tutorial.embedding",
     "OptimizerScope": "sok_tutorial.embedding",
     "group_embedding_lookup_sparse": "sok_tutorial.embedding",

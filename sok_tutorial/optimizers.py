@@ -2,10 +2,13 @@
 
 An embedding lookup's gradient is a ``tf.IndexedSlices`` over the rows a batch used. Keras'
 own optimizers turn it into a dense tensor the size of the whole table and update every row
-(and every slot) each step. These subclasses of the Keras optimizers deduplicate the touched
-rows, apply the very same update formulas to those rows only (``scatter`` ops), and leave every
-other row and its slots bit-identical. Dense gradients go to the Keras implementation
-unchanged, so one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``.
+(and every slot) each step. These subclasses of the Keras optimizers apply the very same update
+formulas to the touched rows only: one gather and one scatter of the rows and one of each slot
+variable, and every other row and its slots stay bit-identical. A table's own gradient
+(`sok_tutorial.embedding.table.UniqueRowsGradient`) already holds distinct rows with summed
+gradients; any other sparse gradient is first deduplicated (``tf.unique``, then one sparse
+matrix product sums the repeats). Dense gradients go to the Keras implementation unchanged, so
+one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``.
 
 * `SGD` (with optional momentum), `Adagrad`, `Adam`: Keras' maths on the touched rows; Adam's
   bias correction uses the optimizer's step count, exactly as Keras does.
@@ -22,14 +25,15 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from sok_tutorial.embedding.layers import is_embedding_variable, is_sharded_variable
+from sok_tutorial.embedding.table import UniqueRowsGradient, sum_by_position, table_of
 
 
 def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
-    """(unique rows, summed gradient per row) of an IndexedSlices gradient."""
-    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int64)
-    values = tf.math.unsorted_segment_sum(tf.cast(gradient.values, dtype), position, tf.shape(rows, tf.int64)[0])
-    return rows, values
+    """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
+    if isinstance(gradient, UniqueRowsGradient):
+        return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
+    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int32)
+    return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
 
 
 def _tf(variable: Any) -> Any:
@@ -47,7 +51,7 @@ def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) ->
 
 def _sparse(gradient: Any, variable: Any) -> Any:
     """Embedding tables always take the sparse path (a dense gradient touches every row)."""
-    if isinstance(gradient, tf.IndexedSlices) or not is_embedding_variable(variable):
+    if isinstance(gradient, tf.IndexedSlices) or table_of(variable) is None:
         return gradient
     return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
 
@@ -61,7 +65,13 @@ def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> No
     """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
     excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
     optimizer._exclude_from_weight_decay = excluded | {optimizer._var_key(v) for v in var_list
-                                                       if is_embedding_variable(v)}
+                                                       if table_of(v) is not None}
+
+
+def _sharded(variable: Any) -> bool:
+    """A table whose replicas hold different rows: its gradient is per replica, never all-reduced."""
+    table = table_of(variable)
+    return table is not None and table.num_shards > 1
 
 
 class _SparseMixin:
@@ -78,7 +88,7 @@ class _SparseMixin:
         is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
         and `strategy.extended.update` hands each replica's gradient to its own shard."""
         pairs = list(grads_and_vars)
-        local = {i for i, (g, v) in enumerate(pairs) if g is not None and is_sharded_variable(v)}
+        local = {i for i, (g, v) in enumerate(pairs) if g is not None and _sharded(v)}
         if not local or tf.distribute.get_replica_context() is None:
             return super()._all_reduce_sum_gradients(pairs)
         rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
@@ -143,7 +153,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
         self._momentums, self._velocities, self._velocity_hats, self._fused, self._row_steps = [], [], [], [], []
         for var in var_list:
             rows = int(var.shape[0]) if len(var.shape) else 1
-            if is_embedding_variable(var):
+            if table_of(var) is not None:
                 width = int(var.shape[-1]) * (3 if self.amsgrad else 2) + (1 if self._row_counts else 0)
                 self._fused.append(self.add_variable((rows, width), name=f"{_slot_prefix(var)}_moments",
                                                      dtype=var.dtype))
@@ -212,13 +222,13 @@ class LazyAdam(Adam):
     """Adam with per-row bias correction: each row counts the steps that updated it.
 
     Example:
-        >>> import sok_tutorial as sok
-        >>> layer = sok.All2AllDenseEmbedding(3, 1, slot_num=1, nnz_per_slot=1, use_hashtable=False)
-        >>> layer.build()
-        >>> _ = layer.embedding_variable.assign([[1.0], [2.0], [3.0]])
+        >>> from sok_tutorial.embedding import EmbeddingTable
+        >>> table = EmbeddingTable(3, 1, dynamic=False)
+        >>> table.build()
+        >>> _ = table.variable.assign([[1.0], [2.0], [3.0]])
         >>> opt = LazyAdam(learning_rate=0.1)
-        >>> opt.apply([tf.IndexedSlices(tf.constant([[0.5]]), tf.constant([2]))], [layer.embedding_variable])
-        >>> [round(float(x), 4) for x in layer.embedding_variable.numpy().ravel()]  # only row 2 moved, by lr
+        >>> opt.apply([tf.IndexedSlices(tf.constant([[0.5]]), tf.constant([2]))], [table.variable])
+        >>> [round(float(x), 4) for x in table.variable.numpy().ravel()]  # only row 2 moved, by lr
         [1.0, 2.0, 2.9]
     """
 

@@ -38,7 +38,7 @@ def dense_variables(cache: EmbeddingTrainingCache) -> dict[str, Any]:
     (``wide_and_deep_1``), is left out of variable paths (``model/hidden/kernel``) and of the
     optimizer's names for them (``optimizer/hidden_kernel_momentum``).
     """
-    tables = {id(layer.embedding_variable) for layer in cache.layers}
+    tables = {id(table.variable) for table in cache.tables}
     slots = {id(v) for pairs in cache.slots.values() for v, _ in pairs}
     named = [(f"model/{_relative(v.path, cache.model.name + '/')}", v)
              for v in cache.model.variables if id(v) not in tables]
@@ -65,13 +65,13 @@ def save_params(cache: EmbeddingTrainingCache, root: Path) -> Path:
     with atomic_directory(root / name, overwrite=False, arg="directory") as tmp:
         dense = dense_variables(cache)
         np.savez(tmp / "dense.npz", **{k: np.asarray(v.numpy()) for k, v in dense.items()})
-        for layer in cache.layers:
-            keys = cache.ps.keys(layer.name)
-            rows, _ = cache.ps.pull(layer.name, keys)
-            np.save(tmp / f"{layer.name}.keys.npy", keys)
-            np.save(tmp / f"{layer.name}.rows.npy", rows)
+        for table in cache.tables:
+            keys = cache.ps.keys(table.name)
+            rows, _ = cache.ps.pull(table.name, keys)
+            np.save(tmp / f"{table.name}.keys.npy", keys)
+            np.save(tmp / f"{table.name}.rows.npy", rows)
         (tmp / "meta.json").write_text(json.dumps({"widths": cache.widths, "dims": {
-            layer.name: layer.embedding_vec_size for layer in cache.layers}}, indent=2, sort_keys=True))
+            table.name: table.dim for table in cache.tables}}, indent=2, sort_keys=True))
     write_file(root / LATEST, name)
     for old in done[:-1]:
         shutil.rmtree(root / old, ignore_errors=True)
@@ -92,8 +92,8 @@ def load_params(cache: EmbeddingTrainingCache, root: Path) -> tuple[Path, dict[s
     with np.load(folder / "dense.npz") as saved:
         arrays = {name: saved[name] for name in saved.files}  # in save order
     pairs = match({name: a.shape for name, a in arrays.items()}, dense_variables(cache), str(folder))
-    tables = {layer.name: (np.load(folder / f"{layer.name}.keys.npy"), np.load(folder / f"{layer.name}.rows.npy"))
-              for layer in cache.layers}
+    tables = {table.name: (np.load(folder / f"{table.name}.keys.npy"), np.load(folder / f"{table.name}.rows.npy"))
+              for table in cache.tables}
     for name, variable in pairs:  # only once everything is read and matches
         variable.assign(arrays[name])
     return folder, tables

@@ -1,9 +1,9 @@
 """`EmbeddingTrainingCache`: train tables far larger than the device, one data file at a time.
 
 HugeCTR's Embedding Training Cache, on Keras: the full tables (vectors and optimizer state)
-live in a parameter server (`HostMemoryPS` or `DiskPS`); the model's embedding layers hold only
+live in a parameter server (`HostMemoryPS` or `DiskPS`); the model's embedding tables hold only
 ``device_capacity_rows`` rows. Before a pass over a data file, `update` pulls the rows of that
-file's keyset (new keys get the layer's key-seeded initial vectors and zero optimizer state)
+file's keyset (new keys get the table's key-seeded initial vectors and zero optimizer state)
 into rows ``0 .. n-1`` of every table and its slots, and `remap` (or the loader transform from
 `transform`) turns the file's keys into those rows. After the pass, `write_back` pushes the rows
 back, all tables in one atomic push.
@@ -78,10 +78,7 @@ from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
 from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
-from sok_tutorial.embedding.layers import _EmbeddingBase
-from sok_tutorial.embedding.slots import table_slots
-from sok_tutorial.embedding.initializers import keyed_initial_values
-from sok_tutorial.optimizers import _tf
+from sok_tutorial.embedding.table import tables_of
 
 
 class KeysetRemap(Transform):
@@ -100,12 +97,13 @@ class EmbeddingTrainingCache:
 
     Args:
         model: a compiled, built Keras model (functional, ``Sequential`` or subclassed) holding the
-            sparse layers: the cache manages every embedding layer of this package found among its
-            layers and sub-layers, each with ``use_hashtable=False`` (rows addressed directly) and at
-            least ``device_capacity_rows`` rows. Each layer is one table of the server, named after
-            it. A model only: bare layers (or a list of them) are not accepted; wrap them in the model
-            you train, e.g. ``keras.Sequential([keras.Input(...), layer, ...])``, call it on a batch
-            and compile it (or pass `optimizer`).
+            sparse layers: the cache manages every `EmbeddingTable` of the model (`tables_of`; the SOK
+            layers hold one each), each with ``use_hashtable=False`` (rows addressed directly), not
+            sharded, and with at least ``device_capacity_rows`` rows. Each is one table of the
+            server, named after it (a SOK layer's table bears the layer's name). A model only: bare
+            layers (or a list of them) are not accepted; wrap them in the model you train, e.g.
+            ``keras.Sequential([keras.Input(...), layer, ...])``, call it on a batch and compile it
+            (or pass `optimizer`).
         ps: a `HostMemoryPS` or `DiskPS`.
         device_capacity_rows: most keys one pass may hold on the device.
         train_from_scratch: start from empty tables (the server must not hold rows of them yet);
@@ -129,25 +127,25 @@ class EmbeddingTrainingCache:
         if self.optimizer is None:
             raise ValueError("EmbeddingTrainingCache needs an optimizer: compile the model first or pass optimizer=")
         self.dest = None if dest_sparse_models is None else Path(dest_sparse_models)
-        self.layers = [layer for layer in model._flatten_layers(include_self=False)
-                       if isinstance(layer, _EmbeddingBase)]
-        if not self.layers:
-            raise ValueError("the model has no embedding layers of sok_tutorial (DistributedEmbedding, "
-                             "All2AllDenseEmbedding) for the cache to manage")
-        for layer in self.layers:
-            if layer.use_hashtable:
-                raise ValueError(f"layer {layer.name!r} has use_hashtable=True; the cache assigns rows itself: "
-                                 "build it with use_hashtable=False")
-            if not layer.built:
-                raise ValueError(f"layer {layer.name!r} is not built: call the model on a batch first")
-            if layer.max_vocabulary_size_per_gpu < self.capacity:
-                raise ValueError(f"device_capacity_rows={self.capacity} is more than layer {layer.name!r} holds "
-                                 f"({layer.max_vocabulary_size_per_gpu} rows)")
+        self.tables = tables_of(model)
+        if not self.tables:
+            raise ValueError("the model has no embedding tables of sok_tutorial (EmbeddingTable, or the layers "
+                             "DistributedEmbedding and All2AllDenseEmbedding) for the cache to manage")
+        for table in self.tables:
+            if not table.built:
+                raise ValueError(f"table {table.name!r} is not built: call the model on a batch first")
+            if table.dynamic or table.num_shards > 1:
+                raise ValueError(f"table {table.name!r} is {'dynamic' if table.dynamic else 'sharded'}; the cache "
+                                 "assigns rows itself: build it with use_hashtable=False (dynamic=False) and "
+                                 "sharding='replicated'")
+            if table.capacity < self.capacity:
+                raise ValueError(f"device_capacity_rows={self.capacity} is more than table {table.name!r} holds "
+                                 f"({table.capacity} rows)")
         if not self.optimizer.built:
             self.optimizer.build(model.trainable_variables)
-        self.slots = {layer.name: self._slots_of(layer.embedding_variable) for layer in self.layers}
-        self.widths = {layer.name: layer.embedding_vec_size + sum(w for _, w in self.slots[layer.name])
-                       for layer in self.layers}
+        self.slots = {table.name: [(v, int(np.prod(v.shape[1:]))) for v in table.optimizer_slots(self.optimizer)]
+                      for table in self.tables}
+        self.widths = {table.name: table.dim + sum(w for _, w in self.slots[table.name]) for table in self.tables}
         for name, width in self.widths.items():
             ps.ensure_table(name, width)
         self._index: KeyIndex | None = None  # the active pass's keys
@@ -167,22 +165,19 @@ class EmbeddingTrainingCache:
             self.load_params_from_files(self.dest)
 
     # ------------------------------------------------------------------ layout
-    def _slots_of(self, variable: Any) -> list[tuple[Any, int]]:
-        return [(v, int(np.prod(v.shape[1:]))) for v in table_slots(self.optimizer, variable)]
-
-    def _read(self, layer: Any, n: int) -> np.ndarray:
+    def _read(self, table: Any, n: int) -> np.ndarray:
         index = tf.range(n)
-        parts = [tf.gather(_tf(layer.embedding_variable), index)]
-        parts += [tf.reshape(tf.gather(_tf(v), index), [n, -1]) for v, _ in self.slots[layer.name]]
+        parts = [tf.gather(table.variable.value, index)]
+        parts += [tf.reshape(tf.gather(v.value, index), [n, -1]) for v, _ in self.slots[table.name]]
         return tf.concat([tf.cast(p, tf.float32) for p in parts], 1).numpy()  # (n, width)
 
-    def _write(self, layer: Any, rows: np.ndarray) -> None:
+    def _write(self, table: Any, rows: np.ndarray) -> None:
         """Scatter `rows` into rows ``0 .. n-1`` (a scatter of n rows; a slice assign costs ~3x)."""
         n, index = len(rows), tf.range(len(rows))
-        variables = [layer.embedding_variable] + [v for v, _ in self.slots[layer.name]]
-        widths = [layer.embedding_vec_size] + [w for _, w in self.slots[layer.name]]
+        variables = [table.variable] + [v for v, _ in self.slots[table.name]]
+        widths = [table.dim] + [w for _, w in self.slots[table.name]]
         for variable, part in zip(variables, tf.split(tf.constant(rows), widths, axis=1)):
-            variable = _tf(variable)
+            variable = variable.value
             part = tf.cast(tf.reshape(part, [n, *variable.shape[1:]]), variable.dtype)
             variable.scatter_update(tf.IndexedSlices(part, index))
 
@@ -204,14 +199,14 @@ class EmbeddingTrainingCache:
         if pulled is None:
             pulled = self._pull_rows(keys[~old])
         rows = {}
-        for layer in self.layers:
+        for table in self.tables:
             if old.any():
-                rows[layer.name] = np.empty((len(keys), self.widths[layer.name]), np.float32)
-                rows[layer.name][old] = known[1][layer.name][pos[old]]
-                rows[layer.name][~old] = pulled[layer.name]
+                rows[table.name] = np.empty((len(keys), self.widths[table.name]), np.float32)
+                rows[table.name][old] = known[1][table.name][pos[old]]
+                rows[table.name][~old] = pulled[table.name]
             else:
-                rows[layer.name] = pulled[layer.name]
-            self._write(layer, rows[layer.name])
+                rows[table.name] = pulled[table.name]
+            self._write(table, rows[table.name])
         self._index, self._before, self._known = index, rows, (index, rows)
         self._pushed = False
         self.history.append({"keys": len(keys), "pull_s": time.perf_counter() - start, "write_back_s": 0.0})
@@ -249,12 +244,11 @@ class EmbeddingTrainingCache:
     def _pull_rows(self, keys: np.ndarray) -> dict[str, np.ndarray]:
         """``{table: rows}`` of `keys` from the server; keys it lacks get initial vectors, zero state."""
         out = {}
-        for layer in self.layers:
-            rows, found = self.ps.pull(layer.name, keys)
+        for table in self.tables:
+            rows, found = self.ps.pull(table.name, keys)
             if not found.all():
-                rows[~found, :layer.embedding_vec_size] = keyed_initial_values(keys[~found], layer.embedding_vec_size,
-                                                                               layer.init)
-            out[layer.name] = rows
+                rows[~found, :table.dim] = table.initial_values(keys[~found])
+            out[table.name] = rows
         return out
 
     def _checked_keyset(self, keyset: Any) -> np.ndarray:
@@ -285,11 +279,11 @@ class EmbeddingTrainingCache:
     def _sync(self) -> None:
         start, keys = time.perf_counter(), self._index.keys
         updates = {}
-        for layer in self.layers:
-            rows = self._read(layer, len(keys))
-            changed = (rows[:, :layer.embedding_vec_size] != self._before[layer.name][:, :layer.embedding_vec_size])
-            self._updated[layer.name].append(keys[changed.any(axis=1)])
-            updates[layer.name] = (keys, rows)
+        for table in self.tables:
+            rows = self._read(table, len(keys))
+            changed = (rows[:, :table.dim] != self._before[table.name][:, :table.dim])
+            self._updated[table.name].append(keys[changed.any(axis=1)])
+            updates[table.name] = (keys, rows)
         self.ps.push_tables(updates)  # all tables or none
         self._before = {name: rows for name, (_, rows) in updates.items()}
         self._known = (self._index, self._before)
@@ -319,12 +313,12 @@ class EmbeddingTrainingCache:
         if self.active:
             self._sync()
         out = {}
-        for layer in self.layers:
-            keys = unique(np.concatenate(self._updated[layer.name]))[0] if self._updated[layer.name] else \
+        for table in self.tables:
+            keys = unique(np.concatenate(self._updated[table.name]))[0] if self._updated[table.name] else \
                 np.zeros(0, np.int64)
-            rows, _ = self.ps.pull(layer.name, keys)
-            out[layer.name] = (keys, rows[:, :layer.embedding_vec_size].copy())
-            self._updated[layer.name] = []
+            rows, _ = self.ps.pull(table.name, keys)
+            out[table.name] = (keys, rows[:, :table.dim].copy())
+            self._updated[table.name] = []
         return out
 
     # ------------------------------------------------------------------ high-level API

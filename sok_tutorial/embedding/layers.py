@@ -1,40 +1,32 @@
 """Keras 3 layers with SOK's API: `DistributedEmbedding` (sparse keys, combined per slot) and
 `All2AllDenseEmbedding` (dense ``[batch, slot, nnz]`` keys, one vector per key).
 
-The table is an ordinary trainable variable (``embedding_variable``), so the layers work in
-``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``; its gradient is a
-``tf.IndexedSlices`` over the rows a step used (see `sok_tutorial.optimizers`).
+Each layer holds one `EmbeddingTable` (``layer.table``; a `ShardedTable` when it is built with
+``sharding="row"`` or ``"table"`` under a strategy of several replicas) and does what SOK's
+layers do around it: check and flatten the keys, ask the table for their vectors, combine them
+per slot. ``layer.embedding_variable`` is the table's variable (SOK's name). The layers work in
+``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``, and the table's
+gradient covers only the rows a step used (see `sok_tutorial.optimizers`).
 
-``use_hashtable=True`` (SOK's default): any int64 key is welcome; a `DynamicVocabulary` gives it a
-row on first sight and the row starts from the key's own initial vector. ``use_hashtable=False``:
-keys are row ids in ``[0, max_vocabulary_size_per_gpu)`` and any other key is an error, never a
+``use_hashtable=True`` (SOK's default): any int64 key is welcome; in a training call
+(``training=True``, or any call a gradient tape records, as in ``model.fit``) the table's index
+gives a new key a row, which starts from the key's own initial vector, and other calls (serving,
+``predict``) embed keys never seen to zeros. ``use_hashtable=False``:
+keys are row ids in ``[0, max_vocabulary_size_per_gpu)``, and any other key is an error, never a
 silent wrong row. Either way initial values are drawn per key (see `keyed_initial_values`).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
-from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable, local_components
-from sok_tutorial.embedding.initializers import InitSpec, KeyedInitializer, init_spec, keyed_initial_values
-from sok_tutorial.embedding.vocabulary import DynamicVocabulary
-
-def is_embedding_variable(variable: Any) -> bool:
-    return bool(getattr(variable, "_sok_embedding", False))
-
-
-def is_sharded_variable(variable: Any) -> bool:
-    """A table whose replicas hold different rows (``sharding="row"`` or ``"table"``): its
-    gradients are per-replica and must not be all-reduced. Takes the Keras or the tf variable."""
-    if isinstance(variable, keras.Variable):
-        variable = variable.value
-    return bool(getattr(variable, "_sok_sharded", False))
+from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
+from sok_tutorial.embedding.table import EmbeddingTable
 
 
 class _EmbeddingBase(keras.layers.Layer):
@@ -45,7 +37,6 @@ class _EmbeddingBase(keras.layers.Layer):
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
-        self._sharded: ShardedTable | None = None
         self.max_vocabulary_size_per_gpu = checks.positive_int("max_vocabulary_size_per_gpu",
                                                                max_vocabulary_size_per_gpu)
         self.embedding_vec_size = checks.positive_int("embedding_vec_size", embedding_vec_size)
@@ -53,117 +44,49 @@ class _EmbeddingBase(keras.layers.Layer):
         self.key_dtype = tf.as_dtype(key_dtype).name
         checks.one_of("key_dtype", self.key_dtype, ("int64", "int32"))
         self.init = init_spec(embedding_initializer)
-        self.vocabulary = (DynamicVocabulary(self.max_vocabulary_size_per_gpu, name=self.name)
-                           if self.use_hashtable else None)
-        self._frozen: tf.lookup.StaticHashTable | None = None
+        self.table: EmbeddingTable | None = None
 
     def build(self, input_shape: Any = None) -> None:
-        sharded = self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1
-        self.embedding_variable = self.add_weight(
-            name="embedding_variable", shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
-            initializer=KeyedInitializer(**dataclasses.asdict(self.init), dynamic=self.use_hashtable or sharded),
-            trainable=True)
-        self.embedding_variable._sok_embedding = True
-        if sharded:
-            self._sharded = ShardedTable(self, self.sharding, self.exchange, self.slot_sizes)
-            self._sharded.build(self.embedding_variable)
-            self.embedding_variable.value._sok_sharded = True
-            self.vocabulary = None  # each shard has its own (ShardedTable.vocabularies)
+        if self.table is None:
+            common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name}
+            if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+                self.table = ShardedTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
+                                          sharding=self.sharding, exchange=self.exchange,
+                                          slot_num=getattr(self, "slot_num", 1), slot_sizes=self.slot_sizes, **common)
+            else:
+                self.table = EmbeddingTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size, **common)
+            self.table.build()
         super().build(input_shape)
+
+    @property
+    def embedding_variable(self) -> Any:
+        """The table's variable ``[max_vocabulary_size_per_gpu, embedding_vec_size]`` (SOK's name)."""
+        if self.table is None:
+            self.build()
+        return self.table.variable
 
     @property
     def num_shards(self) -> int:
         """Replicas the table is spread over (1: the whole table on every replica)."""
-        return self._sharded.num_shards if self._sharded is not None else 1
+        return self.table.num_shards if self.table is not None else 1
 
     @property
     def capacity(self) -> int:
         """Rows of the whole table: ``max_vocabulary_size_per_gpu`` times the shards."""
         return self.max_vocabulary_size_per_gpu * self.num_shards
 
-    # ------------------------------------------------------------------ keys -> rows
+    def _vectors(self, flat_keys: tf.Tensor, training: Any, slots: Any = None) -> tf.Tensor:
+        """Vectors of flat keys; `slots` (a callable) gives each key's slot, for table-wise shards."""
+        if not self.built:
+            self.build()
+        table_wise = self.sharding == "table" and isinstance(self.table, ShardedTable)
+        return self.table.lookup(flat_keys, training, slots=slots() if table_wise and slots is not None else None)
+
     def _check_keys(self, keys: Any) -> tf.Tensor:
         dtype = keys.dtype if hasattr(keys, "dtype") else None
         if dtype is None or not dtype.is_integer:
             raise TypeError(f"{self.name}: keys must be integers ({self.key_dtype}), got {dtype}")
         return tf.cast(keys, tf.int64)
-
-    def _rows(self, flat_keys: tf.Tensor, training: Any) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """(rows for the gather, mask of keys that have a row or None if all do)."""
-        if not self.use_hashtable:
-            rows = self.capacity
-            tf.debugging.assert_non_negative(flat_keys, message=f"{self.name}: negative key with use_hashtable=False")
-            tf.debugging.assert_less(flat_keys, tf.constant(rows, tf.int64),
-                                     message=f"{self.name}: key out of range [0, {rows}) with use_hashtable=False "
-                                             "(max_vocabulary_size_per_gpu)")
-            return flat_keys, None
-        if self._frozen is not None:  # exported: a static table, no Python in the graph
-            rows = self._frozen.lookup(flat_keys)
-            return tf.maximum(rows, 0), rows >= 0
-        if training is False:  # inference: never grow the vocabulary; unseen keys embed to zeros
-            rows = tf.py_function(lambda k: self.vocabulary.lookup(k.numpy()), [flat_keys], tf.int64)
-            rows.set_shape(flat_keys.shape)
-            return tf.maximum(rows, 0), rows >= 0
-        rows = tf.py_function(self._lookup_or_insert, [flat_keys], tf.int64)
-        rows.set_shape(flat_keys.shape)
-        return rows, None
-
-    def freeze_vocabulary(self) -> None:
-        """Map keys through a static lookup table of the current vocabulary from now on (no new
-        keys; unseen ones embed to zeros): what a SavedModel for serving needs."""
-        if self._sharded is not None:
-            raise NotImplementedError(f"{self.name}: export a sharded table from a model built without a strategy "
-                                      "(load the checkpoint there first)")
-        if self.vocabulary is None:
-            return
-        keys, rows = self.vocabulary.export()
-        init = tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.int64), tf.constant(rows, tf.int64))
-        self._frozen = tf.lookup.StaticHashTable(init, default_value=-1)
-
-    def _lookup_or_insert(self, keys: tf.Tensor) -> np.ndarray:
-        """Runs eagerly (tf.py_function), possibly from several replicas at once: new rows get
-        their keys' initial vectors in every copy of the table before any replica reads them."""
-        with self.vocabulary.lock:
-            rows, fresh_rows, fresh_keys = self.vocabulary.lookup_or_insert(keys.numpy())
-            if len(fresh_rows):
-                values = keyed_initial_values(fresh_keys, self.embedding_vec_size, self.init)
-                update = tf.IndexedSlices(tf.constant(values), tf.constant(fresh_rows))
-                for component in local_components(self.embedding_variable):
-                    component.scatter_update(update)
-        return rows
-
-    def _vectors(self, flat_keys: tf.Tensor, training: Any, slots: Any = None) -> tf.Tensor:
-        if self._sharded is not None:
-            if not self.use_hashtable:
-                self._rows(flat_keys, training)  # the range checks
-            slot_ids = slots() if self.sharding == "table" and slots is not None else None
-            return self._sharded.vectors(flat_keys, slot_ids, training)
-        rows, found = self._rows(flat_keys, training)
-        # The read of the table must follow the py_function that initialises new rows. Gather from
-        # the tf.Variable (a resource gather, not a snapshot of the whole table), created under an
-        # explicit dependency: a distributed variable's read would otherwise be free to run first.
-        # No forward dedupe: the sparse optimizers merge repeated rows once, and a tf.unique here
-        # (plus the segment sum in its gradient) measured 10-25% slower per step on CPU.
-        with tf.control_dependencies([rows]):
-            vectors = tf.gather(self.embedding_variable.value, rows)
-        if found is not None:
-            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
-        return vectors
-
-    # ----------------------------------------------------------- saving and config
-    def save_own_variables(self, store: Any) -> None:
-        if self._sharded is not None:
-            raise NotImplementedError(f"{self.name}: save a sharded table with sok_tutorial.training.save_checkpoint "
-                                      "(it writes every shard and restores onto any number of replicas)")
-        store["0"] = self.embedding_variable.numpy()
-        if self.vocabulary is not None:
-            keys, rows = self.vocabulary.export()
-            store["vocabulary_keys"], store["vocabulary_rows"] = keys, rows
-
-    def load_own_variables(self, store: Any) -> None:
-        self.embedding_variable.assign(np.asarray(store["0"]))
-        if self.vocabulary is not None:
-            self.vocabulary.restore(np.asarray(store["vocabulary_keys"]), np.asarray(store["vocabulary_rows"]))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,
@@ -171,21 +94,14 @@ class _EmbeddingBase(keras.layers.Layer):
                 "key_dtype": self.key_dtype, "sharding": self.sharding, "exchange": self.exchange,
                 "slot_sizes": self.slot_sizes,
                 "embedding_initializer": {"class_name": "KeyedInitializer",
-                                          "config": KeyedInitializer(**dataclasses.asdict(self.init)).get_config()}}
+                                          "config": KeyedInitializer(self.init.kind, self.init.a, self.init.b,
+                                                                     self.init.seed).get_config()}}
 
 
 def _slot_ids(keys: tf.Tensor) -> tf.Tensor:
     """The slot of every key of dense ``[batch, slot, nnz]`` keys, flattened."""
     slots = tf.range(tf.shape(keys, out_type=tf.int64)[1])[None, :, None]
     return tf.reshape(tf.broadcast_to(slots, tf.shape(keys, out_type=tf.int64)), [-1])
-
-
-def _spec_from_config(value: Any) -> Any:
-    """Accept the dict `get_config` writes back as an initializer."""
-    if isinstance(value, dict) and value.get("class_name") == "KeyedInitializer":
-        c = value["config"]
-        return InitSpec(c["kind"], c["a"], c["b"], c["seed"])
-    return value
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -221,7 +137,7 @@ class DistributedEmbedding(_EmbeddingBase):
                  max_nnz: int, max_feature_num: int | None = None, use_hashtable: bool = True,
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform", **kwargs: Any):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=use_hashtable,
-                         key_dtype=key_dtype, embedding_initializer=_spec_from_config(embedding_initializer), **kwargs)
+                         key_dtype=key_dtype, embedding_initializer=embedding_initializer, **kwargs)
         self.combiner = checks.one_of("combiner", combiner, COMBINERS)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.max_nnz = checks.positive_int("max_nnz", max_nnz)
@@ -286,7 +202,7 @@ class All2AllDenseEmbedding(_EmbeddingBase):
                  dynamic_input: bool = False, use_hashtable: bool = True, key_dtype: Any = "int64",
                  embedding_initializer: Any = "random_uniform", **kwargs: Any):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=use_hashtable,
-                         key_dtype=key_dtype, embedding_initializer=_spec_from_config(embedding_initializer), **kwargs)
+                         key_dtype=key_dtype, embedding_initializer=embedding_initializer, **kwargs)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.nnz_per_slot = checks.positive_int("nnz_per_slot", nnz_per_slot)
         self.dynamic_input = bool(dynamic_input)

@@ -19,6 +19,8 @@ from typing import Any
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.sharding import ShardedTable
+from sok_tutorial.embedding.table import EmbeddingTable
 
 COMBINERS = ("sum", "mean")
 
@@ -94,20 +96,21 @@ def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tenso
                     f"got {type(ids).__name__}")
 
 
-def _lookup(table: Any, keys: tf.Tensor, slots: tf.Tensor | None, name: str) -> tf.Tensor:
-    """Rows of a table, or vectors of keys through a SOK layer (`slots`: each key's slot)."""
-    if hasattr(table, "_vectors") and hasattr(table, "max_vocabulary_size_per_gpu"):
-        if not table.built:  # (under a strategy, build layers in its scope before strategy.run)
-            table.build()
-        if slots is None:
-            if getattr(table, "sharding", None) == "table" and int(getattr(table, "slot_num", 1)) > 1:
+def _lookup(param: Any, keys: tf.Tensor, slots: tf.Tensor | None, name: str) -> tf.Tensor:
+    """Rows of a tensor or variable, or vectors of keys through an `EmbeddingTable` or the table of a
+    SOK layer (`slots`: each key's slot)."""
+    if isinstance(getattr(param, "table", None), EmbeddingTable) or isinstance(param, EmbeddingTable):
+        if not param.built:  # (under a strategy, build layers in its scope before strategy.run)
+            param.build()
+        table = getattr(param, "table", param)
+        if isinstance(table, ShardedTable) and table.sharding == "table":
+            if slots is None and table.slot_num > 1:
                 raise ValueError(f"{name}: layer {table.name!r} places its {table.slot_num} slots table-wise, so "
                                  f"each key's slot decides its replica; pass its keys as a tf.RaggedTensor "
                                  f"[batch, slot_num={table.slot_num}, None]")
-            slots = tf.zeros_like(keys)
-        slot_ids = tf.cast(slots, tf.int64)
-        return table._vectors(keys, None, slots=lambda: slot_ids)
-    return tf.gather(table, keys)
+            return table.lookup(keys, slots=tf.zeros_like(keys) if slots is None else tf.cast(slots, tf.int64))
+        return table.lookup(keys)
+    return tf.gather(param, keys)
 
 
 def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], combiners: Sequence[str],
@@ -116,9 +119,10 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
     """DeepRec's grouped lookup: ``[combine(params[i][sp_ids[i]]) for i]`` in one call.
 
     Args:
-        params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors), or SOK
-            embedding layers, whose keys go through the layer: its vocabulary, and its shards
-            when the layer is sharded over replicas (call this inside ``strategy.run`` then).
+        params: embedding tables ``[rows_i, dim_i]`` (tf or Keras variables, or tensors), or
+            `EmbeddingTable` objects or SOK embedding layers, whose keys go through the table: its
+            index, and its shards when it is sharded over replicas (call this inside
+            ``strategy.run`` then).
         sp_ids: row ids per table, ``tf.SparseTensor`` or ``tf.RaggedTensor`` ``[batch, None]``. A
             ``tf.RaggedTensor`` ``[batch, slot, None]`` keeps each key's slot, which a SOK layer
             with several slots placed table-wise needs (each slot lives on its own replica); all

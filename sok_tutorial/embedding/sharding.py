@@ -2,8 +2,9 @@
 
 Under a `tf.distribute` strategy with N replicas (``MirroredStrategy`` over GPUs or logical CPU
 devices, ``MultiWorkerMirroredStrategy`` over processes), an embedding layer built with
-``sharding="row"`` or ``sharding="table"`` keeps only ``max_vocabulary_size_per_gpu`` rows per
-replica (SOK's meaning of the name) and the replicas train one table together:
+``sharding="row"`` or ``sharding="table"`` holds a `ShardedTable`: an `EmbeddingTable` whose
+variables are mirrored but whose copies hold different rows, ``max_vocabulary_size_per_gpu`` per
+replica (SOK's meaning of the name), so the replicas train one table together:
 
 * ``"row"`` (SOK "distributed"): key ``k`` lives on replica ``k mod N``; every table is spread
   over all replicas.
@@ -17,7 +18,7 @@ replica (SOK's meaning of the name) and the replicas train one table together:
 A lookup inside ``strategy.run`` is one exchange::
 
     keys     all_gather over replicas      every replica sees the N*K keys of the global batch
-    owner    gathers the rows it owns       (new keys get their key-seeded initial vectors)
+    owner    looks up the keys it owns      deduplicated; new keys get rows and key-seeded vectors
     vectors  all_gather of owned vectors    each replica keeps the K vectors of its own keys
     backward all_gather of output grads     each owner keeps the gradients of its own rows
 
@@ -49,13 +50,21 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.embedding.slots import table_slots
-from sok_tutorial.embedding.initializers import keyed_initial_values
-from sok_tutorial.embedding.vocabulary import DynamicVocabulary
+from sok_tutorial.embedding.initializers import KeyedInitializer
+from sok_tutorial.embedding.table import (
+    EmbeddingTable,
+    in_shape_trace,
+    all_gather,
+    expand,
+    gather_rows,
+    inserting,
+    local_components,
+)
 
 SHARDINGS = ("replicated", "row", "table")
 EXCHANGES = ("all_gather", "all_reduce")
@@ -125,233 +134,227 @@ def _local_replica_ids(strategy: Any, count: int) -> list[int]:
     return [task * count + i for i in range(count)]
 
 
-class ShardedTable:
-    """The shards of one layer's table on the replicas of the strategy it was built under.
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class ShardedTable(EmbeddingTable):
+    """One table over the N replicas of the strategy it is built under, `capacity` rows on each.
 
-    Holds, for each local replica, its component of the layer's (mirrored) variable, whose rows
-    hold different keys on every replica, and, with ``use_hashtable``, its own key -> row
-    vocabulary. Used by the embedding layers; `export`/`restore` serve checkpoints.
+    Args:
+        sharding: ``"row"`` (key ``k`` on replica ``k mod N``) or ``"table"`` (each of the
+            `slot_num` slots whole on one replica, planned from `slot_sizes`).
+        exchange: ``"all_gather"`` or ``"all_reduce"`` of the owned vectors (module docstring).
+        slot_num, slot_sizes: the slots of the layer (table-wise placement).
+        capacity, dim, dynamic, initializer: as for `EmbeddingTable`; `capacity` is per replica.
+
+    Table-wise shards hold keys of chosen slots, so their rows are assigned by the index even
+    for row-id keys, and each row records its slot, so a checkpoint can place it again.
     """
 
-    def __init__(self, layer: Any, mode: str, exchange: str, slot_sizes: Sequence[int] | None):
-        self.layer = layer
-        self.mode = mode
+    def __init__(self, capacity: int, dim: int, *, sharding: str = "row", exchange: str = "all_gather",
+                 slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
+        super().__init__(capacity, dim, **kwargs)
+        self.sharding = checks.one_of("sharding", sharding, ("row", "table"))
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
+        self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
 
-    # ------------------------------------------------------------------ building
-    def build(self, variable: Any) -> None:
-        strategy = tf.distribute.get_strategy()
-        self.strategy = strategy
-        self.num_shards = int(strategy.num_replicas_in_sync)
-        self.rows = int(variable.shape[0])
-        self.components = list(strategy.experimental_local_results(getattr(variable, "value", variable)))
-        self.replica_ids = _local_replica_ids(strategy, len(self.components))
-        slots = int(getattr(self.layer, "slot_num", 1))
-        if self.mode == "table":
-            sizes = self.slot_sizes or [1] * slots
-            if len(sizes) != slots:
-                raise ValueError(f"{self.layer.name}: slot_sizes has {len(sizes)} entries, slot_num={slots}")
-            self.owners, load = plan_table_wise(sizes, self.num_shards)
-            if self.slot_sizes and max(load) > self.rows:
-                raise ValueError(f"{self.layer.name}: table-wise placement puts {max(load):,} rows on one replica, "
-                                 f"more than max_vocabulary_size_per_gpu={self.rows:,}")
-        # Table-wise shards hold keys of chosen slots, so rows are assigned by a vocabulary even for
-        # row-id keys; it also records each row's slot, so a checkpoint can re-place it.
-        dynamic = self.layer.use_hashtable or self.mode == "table"
-        self.vocabularies = {r: DynamicVocabulary(self.rows, name=f"{self.layer.name}[shard {r}]")
-                             for r in self.replica_ids} if dynamic else None
-        self.row_slots = {r: np.full(self.rows, -1, np.int64) for r in self.replica_ids} \
-            if self.mode == "table" else None
-        if not dynamic:  # static rows: row j of shard r is key j * N + r
-            for r, component in zip(self.replica_ids, self.components):
-                component.assign(self.initial_values(np.arange(self.rows, dtype=np.int64) * self.num_shards + r))
+    @property
+    def indexed(self) -> bool:
+        return self.dynamic or self.sharding == "table"
 
-    def initial_values(self, keys: np.ndarray) -> np.ndarray:
-        return keyed_initial_values(keys, self.layer.embedding_vec_size, self.layer.init)
+    def _initializer(self) -> KeyedInitializer:
+        return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=True)
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.built:
+            return
+        strategy = tf.distribute.get_strategy()
+        self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
+        if self.sharding == "table":
+            sizes = self.slot_sizes or [1] * self.slot_num
+            if len(sizes) != self.slot_num:
+                raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
+            self.owners, load = plan_table_wise(sizes, self.num_shards)
+            if self.slot_sizes and max(load) > self.capacity:
+                raise ValueError(f"{self.name}: table-wise placement puts {max(load):,} rows on one replica, "
+                                 f"more than max_vocabulary_size_per_gpu={self.capacity:,}")
+            self._row_slots = self.add_weight(name="row_slots", shape=(self.capacity,), dtype="int64",
+                                              trainable=False, initializer=keras.initializers.Constant(-1))
+        super().build(input_shape)
+        self.local_shards = _local_replica_ids(strategy, len(local_components(self.variable)))
+        if not self.indexed:  # static rows: row j of shard r is key j * N + r
+            rows = np.arange(self.capacity, dtype=np.int64)
+            for shard, component in zip(self.local_shards, local_components(self.variable)):
+                component.assign(self.initial_values(rows * self.num_shards + shard))
 
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
-        if self.mode == "row":
+        if self.sharding == "row":
             return tf.math.floormod(keys, self.num_shards)
         return tf.gather(tf.constant(self.owners, tf.int64), slots)
 
-    # ------------------------------------------------------- keys -> local rows
-    def _component(self, replica: int) -> Any:
-        return self.components[self.replica_ids.index(replica)]
-
-    def _rows_numpy(self, keys: np.ndarray, slots: np.ndarray, replica: int,
-                    insert: bool) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, found) of keys owned by `replica` in its shard; new keys get initial vectors."""
-        if self.vocabularies is None:
-            return keys // self.num_shards, np.ones(len(keys), bool)
-        vocabulary = self.vocabularies[replica]
-        if not insert:
-            rows = vocabulary.lookup(keys)
-            return np.maximum(rows, 0), rows >= 0
-        with vocabulary.lock:
-            rows, fresh_rows, fresh_keys = vocabulary.lookup_or_insert(keys)
-            if len(fresh_rows):
-                if self.mode == "table":
-                    self.row_slots[replica][rows] = slots
-                update = tf.IndexedSlices(tf.constant(self.initial_values(fresh_keys)), tf.constant(fresh_rows))
-                self._component(replica).scatter_update(update)
-        return rows, np.ones(len(keys), bool)
-
-    def _rows(self, keys: tf.Tensor, slots: tf.Tensor, replica: tf.Tensor,
-              insert: bool) -> tuple[tf.Tensor, tf.Tensor]:
-        def run(k: tf.Tensor, s: tf.Tensor, r: tf.Tensor) -> tuple[np.ndarray, np.ndarray]:
-            return self._rows_numpy(k.numpy(), s.numpy(), int(r.numpy()), insert)
-        rows, found = tf.py_function(run, [keys, slots, replica], [tf.int64, tf.bool])
-        rows.set_shape(keys.shape)
-        found.set_shape(keys.shape)
+    def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool,
+                    component: int | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """Rows in this shard of distinct `keys` it owns (`slots`: each key's slot, table-wise)."""
+        if not self.indexed:
+            return tf.math.floordiv(keys, self.num_shards), None
+        if not (insert and self.sharding == "table"):
+            return self.rows(keys, insert, component)
+        held = self.index_variables(component).size.read_value()
+        rows, found = self.rows(keys, insert, component)
+        fresh = rows >= held
+        row_slots = self._row_slots.value if component is None else local_components(self._row_slots)[component]
+        row_slots.scatter_update(tf.IndexedSlices(tf.boolean_mask(slots, fresh), tf.boolean_mask(rows, fresh)))
         return rows, found
 
     # ------------------------------------------------------------------ lookups
-    def vectors(self, keys: tf.Tensor, slots: tf.Tensor | None, training: Any) -> tf.Tensor:
-        """Vectors of this replica's `keys` ``[K]`` (slot of each key in `slots` for table-wise)."""
-        insert = training is not False
+    def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
+        """Vectors of this replica's `keys` (`slots`: the slot of each key, for table-wise placement)."""
+        keys = self._keys(keys)
+        if not self.built:
+            self.build()
+        if in_shape_trace(self.variable):
+            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
+        flat = tf.reshape(keys, [-1])
+        if not self.dynamic:
+            self._check_range(flat, self.capacity * self.num_shards)
+        if self.sharding == "table":
+            if slots is None and self.slot_num > 1:
+                raise ValueError(f"{self.name}: the {self.slot_num} slots are placed table-wise, so each key's slot "
+                                 "decides its replica; pass the slot of every key")
+            slots = tf.zeros_like(flat) if slots is None else tf.cast(tf.reshape(slots, [-1]), tf.int64)
+        insert = inserting(training)
         context = tf.distribute.get_replica_context()
         if context is None or not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
-            return self._global_vectors(keys, slots, insert)
+            out = self._global_lookup(flat, slots, insert)
+        else:
+            out = self._replica_lookup(context, flat, slots, insert)
+        return tf.reshape(out, tf.concat([tf.shape(keys), [self.dim]], 0))
+
+    def _replica_lookup(self, context: Any, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool) -> tf.Tensor:
         if int(context.num_replicas_in_sync) != self.num_shards:
-            raise RuntimeError(f"{self.layer.name}: built for {self.num_shards} replicas, called under a strategy "
+            raise RuntimeError(f"{self.name}: built for {self.num_shards} replicas, called under a strategy "
                                f"of {context.num_replicas_in_sync}")
         me = tf.cast(context.replica_id_in_sync_group, tf.int64)
         count = tf.shape(keys, out_type=tf.int64)[:1]
         counts = context.all_gather(count, 0)
-        all_keys = context.all_gather(keys, 0)
-        if self.mode == "row":
-            all_slots = tf.zeros_like(all_keys)
-            all_owners = self.owner_of(all_keys, None)
-        else:
-            all_slots = context.all_gather(tf.cast(slots, tf.int64), 0)
-            all_owners = self.owner_of(all_keys, all_slots)
-        mine = tf.where(tf.equal(all_owners, me))[:, 0]
-        rows, found = self._rows(tf.gather(all_keys, mine), tf.gather(all_slots, mine), me, insert)
-        with tf.control_dependencies([rows]):
-            owned = tf.gather(self.layer.embedding_variable.value, rows)
-        if not insert:
-            owned = owned * tf.cast(found, owned.dtype)[:, None]
+        all_keys = all_gather(context, keys, counts)
+        all_slots = all_gather(context, slots, counts) if slots is not None else None
+        mine = tf.where(tf.equal(self.owner_of(all_keys, all_slots), me))[:, 0]
+        unique, position = tf.unique(tf.gather(all_keys, mine), out_idx=tf.int32)
+        unique_slots = None if all_slots is None else tf.math.unsorted_segment_max(
+            tf.gather(all_slots, mine), position, tf.size(unique))  # a key's slots agree (disjoint keys)
+        rows, found = self._owned_rows(unique, unique_slots, insert)
+        vectors = gather_rows(self.variable.value, rows)
+        if found is not None:
+            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
         start = tf.reduce_sum(counts[:me])
-        return self._exchange(context, owned, mine, start, count[0], tf.reduce_sum(counts))
+        return self._exchange(context, expand(vectors, position), mine, start, counts)
 
-    def _exchange(self, context: Any, owned: tf.Tensor, mine: tf.Tensor, start: tf.Tensor, count: tf.Tensor,
-                  total: tf.Tensor) -> tf.Tensor:
-        """Owned vectors (global positions `mine`) -> this replica's ``count`` vectors."""
-        dim = self.layer.embedding_vec_size
-        ours = start + tf.range(count)
+    def _exchange(self, context: Any, owned: tf.Tensor, mine: tf.Tensor, start: tf.Tensor,
+                  counts: tf.Tensor) -> tf.Tensor:
+        """Owned vectors (global positions `mine`) -> this replica's vectors (`counts`: keys per replica)."""
+        me = context.replica_id_in_sync_group
+        ours = start + tf.range(counts[me])
         if self.exchange == "all_gather":
-            take = tf.gather(tf.math.invert_permutation(context.all_gather(mine, 0)), ours)
+            owned_counts = context.all_gather(tf.shape(mine, out_type=tf.int64)[:1], 0)
+            take = tf.gather(tf.math.invert_permutation(all_gather(context, mine, owned_counts)), ours)
 
         @tf.custom_gradient
         def exchange(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
             if self.exchange == "all_gather":
-                out = tf.gather(context.all_gather(vectors, 0), take)
+                out = tf.gather(all_gather(context, vectors, owned_counts), take)
             else:
-                full = tf.scatter_nd(mine[:, None], vectors, tf.stack([total, dim]))
+                full = tf.scatter_nd(mine[:, None], vectors, tf.stack([tf.reduce_sum(counts), self.dim]))
                 out = tf.gather(context.all_reduce("sum", full), ours)
 
             def grad(upstream: Any) -> tf.Tensor:
-                return tf.gather(context.all_gather(tf.convert_to_tensor(upstream), 0), mine)
+                return tf.gather(all_gather(context, tf.convert_to_tensor(upstream), counts), mine)
             return out, grad
 
         return exchange(owned)
 
-    def _global_vectors(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool) -> tf.Tensor:
+    def _global_lookup(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool) -> tf.Tensor:
         """Outside ``strategy.run``: read every shard directly (all shards must be in this process)."""
-        if len(self.components) != self.num_shards:
-            raise RuntimeError(f"{self.layer.name}: this process holds {len(self.components)} of {self.num_shards} "
+        if len(self.local_shards) != self.num_shards:
+            raise RuntimeError(f"{self.name}: this process holds {len(self.local_shards)} of {self.num_shards} "
                                "shards; call the layer inside strategy.run")
-        slots = tf.zeros_like(keys) if slots is None else tf.cast(slots, tf.int64)
         owners = self.owner_of(keys, slots)
-        out = tf.zeros([tf.size(keys), self.layer.embedding_vec_size], self.components[0].dtype)
-        for replica, component in zip(self.replica_ids, self.components):
-            where = tf.where(tf.equal(owners, replica))
-            rows, found = self._rows(tf.gather_nd(keys, where), tf.gather_nd(slots, where),
-                                     tf.constant(replica, tf.int64), insert)
-            with tf.control_dependencies([rows]):
-                values = tf.gather(component, rows) * tf.cast(found, component.dtype)[:, None]
-            out = tf.tensor_scatter_nd_update(out, where, values)
+        out = tf.zeros([tf.size(keys), self.dim], self.variable.dtype)
+        for component, shard in enumerate(self.local_shards):
+            where = tf.where(tf.equal(owners, shard))
+            unique, position = tf.unique(tf.gather_nd(keys, where), out_idx=tf.int32)
+            unique_slots = None if slots is None else tf.math.unsorted_segment_max(
+                tf.gather_nd(slots, where), position, tf.size(unique))
+            rows, found = self._owned_rows(unique, unique_slots, insert, component)
+            values = tf.gather(local_components(self.variable)[component], rows)
+            if found is not None:
+                values = values * tf.cast(found, values.dtype)[:, None]
+            out = tf.tensor_scatter_nd_update(out, where, tf.gather(values, position))
         return out
 
-    # ------------------------------------------------------------ export/restore
-    def export(self, replica: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(keys, rows, slot of each key or -1) stored in one local shard."""
-        if self.vocabularies is not None:
-            keys, rows = self.vocabularies[replica].export()
-            slots = self.row_slots[replica][rows] if self.row_slots is not None else np.full(len(keys), -1)
-            return keys, rows, slots
-        rows = np.arange(self.rows, dtype=np.int64)
-        return rows * self.num_shards + replica, rows, np.full(self.rows, -1, np.int64)
+    # ------------------------------------------------------------------ export/restore
+    def _key_slots(self, component: int, rows: np.ndarray) -> np.ndarray:
+        if self.sharding != "table":
+            return super()._key_slots(component, rows)
+        return tf.gather(local_components(self._row_slots)[component], rows).numpy()
 
-    def restore(self, keys: np.ndarray, key_slots: np.ndarray, values: Sequence[np.ndarray],
-                variables: Sequence[Any]) -> None:
-        """Load rows by key, saved from any number of shards: each local shard takes the keys it
-        owns now. ``values[i]`` holds, per key, the row of ``variables[i]`` (the table, then slots)."""
-        keys, key_slots = np.asarray(keys, np.int64), np.asarray(key_slots, np.int64)
-        if self.mode == "row":
+    def _local_rows(self, keys: np.ndarray) -> np.ndarray:
+        return keys // self.num_shards
+
+    def check(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
+        self._placement(arrays, optimizer)
+
+    def _placement(self, arrays: dict[str, Any], optimizer: Any) -> tuple:
+        """(keys, values, variables, key_slots, {shard: positions of the keys it takes}), checked."""
+        keys, values, variables = self._checked(arrays, optimizer)
+        key_slots = np.asarray(arrays.get("key_slots", np.full(len(keys), -1)), np.int64)
+        if self.sharding == "row":
             owners = np.mod(keys, self.num_shards)
+            if not self.dynamic and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity * self.num_shards):
+                raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
+                                 f"[0, {self.capacity * self.num_shards})")
         else:
-            if len(key_slots) and (key_slots.min() < 0 or key_slots.max() >= len(self.owners)):
-                raise ValueError(f"{self.layer.name}: the checkpoint does not say which of the {len(self.owners)} "
-                                 "slots each key belongs to; a table-wise table restores from checkpoints of "
-                                 "table-wise tables only")
+            placed = len(key_slots) == len(keys) and (not len(keys) or (key_slots.min() >= 0 and
+                                                                         key_slots.max() < len(self.owners)))
+            if not placed:
+                raise ValueError(f"{self.name}: the checkpoint does not say which of the {len(self.owners)} slots "
+                                 "each key belongs to; a table-wise table restores from checkpoints of table-wise "
+                                 "tables only")
             owners = np.asarray(self.owners, np.int64)[key_slots]
-        for i, replica in enumerate(self.replica_ids):
-            owned = np.flatnonzero(owners == replica)
-            if self.vocabularies is not None:
-                if len(owned) > self.rows:
-                    raise ValueError(f"{self.layer.name}: shard {replica} would hold {len(owned):,} keys, more "
-                                     f"than max_vocabulary_size_per_gpu={self.rows:,}")
-                owned = owned[np.argsort(keys[owned], kind="stable")]
-                rows = np.arange(len(owned), dtype=np.int64)
-                self.vocabularies[replica].restore(keys[owned], rows)
-                if self.row_slots is not None:
-                    self.row_slots[replica][:] = -1
-                    self.row_slots[replica][rows] = key_slots[owned]
-            else:
-                rows = keys[owned] // self.num_shards
-            for variable, value in zip(variables, values):
-                component = local_components(variable)[i]
-                if self.vocabularies is None and variable is self.layer.embedding_variable:
-                    full = component.numpy()
-                else:
-                    full = np.zeros(tuple(component.shape), component.dtype.as_numpy_dtype)
-                full[rows] = np.asarray(value)[owned]
-                component.assign(full)
+        owned = {shard: np.flatnonzero(owners == shard) for shard in self.local_shards}
+        for shard, part in owned.items():
+            if self.indexed and len(part) > self.capacity:
+                raise ValueError(f"{self.name}: shard {shard} would hold {len(part):,} keys, more than "
+                                 f"max_vocabulary_size_per_gpu={self.capacity:,}")
+        return keys, values, variables, key_slots, owned
+
+    def restore(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
+        """Load rows by key saved from any number of shards: each local shard takes the keys it owns
+        now (a table-wise table needs each key's slot: ``key_slots``, as `export` writes it)."""
+        keys, values, variables, key_slots, owned = self._placement(arrays, optimizer)
+        for component, shard in enumerate(self.local_shards):
+            part = owned[shard]
+            part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
+            self._assign(component, keys[part], [v[part] for v in values], variables)
+            if self.sharding == "table":
+                full = np.full(self.capacity, -1, np.int64)
+                full[:len(part)] = key_slots[part]
+                local_components(self._row_slots)[component].assign(full)
+
+    def save_own_variables(self, store: Any) -> None:
+        raise NotImplementedError(f"{self.name}: save a sharded table with sok_tutorial.training.save_checkpoint "
+                                  "(it writes every shard and restores onto any number of replicas)")
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "sharding": self.sharding, "exchange": self.exchange,
+                "slot_num": self.slot_num, "slot_sizes": self.slot_sizes}
 
 
-def local_components(variable: Any) -> list[Any]:
-    """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
-    value = getattr(variable, "value", variable)
-    return list(getattr(value, "values", None) or [value])
-
-
-def local_table_rows(layer: Any, variables: Sequence[Any] = ()) -> dict[str, np.ndarray]:
-    """The rows of `layer`'s table held by this process, by key: ``keys``, ``slots`` (the slot of
-    each key for table-wise tables, else -1), ``vectors`` and ``extra_i``: the same rows of each
-    of `variables` (optimizer slots shaped like the table). Works for any sharding.
-    """
-    table = layer.embedding_variable
-    if layer._sharded is None:
-        if layer.vocabulary is not None:
-            keys, rows = layer.vocabulary.export()
-        else:
-            keys = rows = np.arange(int(table.shape[0]), dtype=np.int64)
-        parts = [(keys, rows, np.full(len(keys), -1, np.int64), 0)]
-        components = [[local_components(v)[0]] for v in (table, *variables)]
-    else:
-        shards = layer._sharded
-        parts = [(*shards.export(r), i) for i, r in enumerate(shards.replica_ids)]
-        components = [local_components(v) for v in (table, *variables)]
-    out = {"keys": np.concatenate([p[0] for p in parts]), "slots": np.concatenate([p[2] for p in parts])}
-    for j, name in enumerate(["vectors"] + [f"extra_{i}" for i in range(len(variables))]):
-        out[name] = np.concatenate([components[j][i].numpy()[rows] for _, rows, _, i in parts])
+def replica_bytes(tables: Sequence[Any], optimizer: Any = None) -> int:
+    """Bytes one replica stores for `tables` (or the layers holding them): each table's variables
+    (rows, and the key index of a dynamic table) and its optimizer slots."""
+    out = 0
+    for item in tables:
+        table = getattr(item, "table", item)
+        for v in (*table.variables, *table.optimizer_slots(optimizer)):
+            out += int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
     return out
-
-
-def replica_bytes(layers: Sequence[Any], optimizer: Any = None) -> int:
-    """Bytes one replica stores for the tables of `layers` (plus their optimizer slots)."""
-    variables = [v for layer in layers
-                 for v in (layer.embedding_variable, *table_slots(optimizer, layer.embedding_variable))]
-    return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)

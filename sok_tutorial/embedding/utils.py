@@ -5,7 +5,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sok_tutorial.embedding.layers import is_embedding_variable
+from sok_tutorial.embedding.table import table_of
 
 
 def split_embedding_variable_from_others(variables: Iterable[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -15,8 +15,8 @@ def split_embedding_variable_from_others(variables: Iterable[Any]) -> tuple[tupl
     data-parallel (all-reduced). This is how SOK's training step applies two optimizers.
     """
     variables = list(variables)
-    embedding = tuple(v for v in variables if is_embedding_variable(v))
-    others = tuple(v for v in variables if not is_embedding_variable(v))
+    embedding = tuple(v for v in variables if table_of(v) is not None)
+    others = tuple(v for v in variables if table_of(v) is None)
     return embedding, others
 
 

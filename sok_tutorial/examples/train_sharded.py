@@ -92,7 +92,7 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     import tensorflow as tf
 
     import sok_tutorial as sok
-    from sok_tutorial.embedding.sharding import local_table_rows, replica_bytes
+    from sok_tutorial.embedding import replica_bytes
     from sok_tutorial.training import load_checkpoint, save_checkpoint
 
     n = context.num_replicas
@@ -160,7 +160,7 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
             os._exit(3)  # collectives cannot be cancelled cleanly; leave without waiting on them
         times.append(time.perf_counter() - start)
     result = {"losses": np.array(losses), "step_s": np.array(times), "replicas": n,
-              "bytes_per_replica": replica_bytes([embedding], sparse), **local_table_rows(embedding)}
+              "bytes_per_replica": replica_bytes([embedding], sparse), **embedding.table.export(sparse)}
     print(f"rank {rank} {tag}: {n} replicas, sharding={args.sharding}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
           f"table bytes per replica {result['bytes_per_replica']:,}", flush=True)
     if args.save:

@@ -10,9 +10,10 @@ Layout::
         manifest.json      what is inside and the training position; written last
 
 The directory is written as a temporary sibling and renamed into place, so a crash mid-save
-leaves the previous checkpoint as the latest. Tables are stored by key, not by row, so they can
-be reloaded into a table of another size or layout (rows are reassigned compactly), and sharded
-tables onto any number of replicas (each shard takes the keys it owns).
+leaves the previous checkpoint as the latest. Tables are stored by key, not by row (`EmbeddingTable.export`), so
+they can be reloaded into a table of another size or layout (a dynamic table takes rows
+``0 .. n-1`` and its key index is rebuilt), and sharded tables onto any number of replicas (each
+shard takes the keys it owns).
 """
 from __future__ import annotations
 
@@ -26,9 +27,7 @@ from typing import Any
 import numpy as np
 
 from sok_tutorial.atomic import atomic_directory
-from sok_tutorial.embedding.layers import is_embedding_variable
-from sok_tutorial.embedding.sharding import local_table_rows
-from sok_tutorial.embedding.slots import table_slots
+from sok_tutorial.embedding.table import EmbeddingTable, tables_of
 from sok_tutorial.training.naming import match
 
 MANIFEST = "manifest.json"
@@ -36,14 +35,10 @@ FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
-def _tables(model: Any) -> list[Any]:
-    """Embedding layers of `model` (each owns one table variable), in a stable order."""
-    return [layer for layer in model._flatten_layers(include_self=False)
-            if is_embedding_variable(getattr(layer, "embedding_variable", None))]
-
-
-def _dense_variables(model: Any) -> list[Any]:
-    return [v for v in model.variables if not is_embedding_variable(v)]
+def _dense_variables(model: Any, tables: list[EmbeddingTable]) -> list[Any]:
+    """The model's variables that no table owns (a table's rows and key index go in tables/)."""
+    owned = {id(v) for table in tables for v in table.variables}
+    return [v for v in model.variables if id(v) not in owned]
 
 
 def _relative(model: Any, path: str) -> str:
@@ -52,23 +47,22 @@ def _relative(model: Any, path: str) -> str:
     return rest if head == model.name and rest else path
 
 
-def _partial(layer: Any) -> bool:
+def _partial(table: EmbeddingTable) -> bool:
     """A sharded table of which this process holds only some shards (multi-worker training)."""
-    return layer.num_shards > 1 and len(layer._sharded.components) < layer.num_shards
+    return table.num_shards > 1 and len(table.local_shards) < table.num_shards
 
 
-def _barrier(layer: Any) -> None:
-    """Wait until every worker gets here: a collective sum over the layer's strategy."""
+def _barrier(table: EmbeddingTable) -> None:
+    """Wait until every worker gets here: a collective sum over the table's strategy."""
     import tensorflow as tf
 
-    strategy = layer._sharded.strategy
+    strategy = table.strategy
     strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
-def _table_arrays(layer: Any, slots: list[Any]) -> dict[str, np.ndarray]:
-    rows = local_table_rows(layer, slots)
-    arrays = {"keys": rows["keys"], "key_slots": rows["slots"], "vectors": rows["vectors"]}
-    arrays.update({f"slot_{j}": rows[f"extra_{j}"] for j in range(len(slots))})
+def _table_arrays(table: EmbeddingTable, optimizer: Any) -> dict[str, np.ndarray]:
+    arrays = table.export(optimizer)
+    arrays.pop("shard")
     return arrays
 
 
@@ -80,17 +74,16 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     (a directory all of them can reach); each writes the rows of its shards, and worker 0 puts
     the checkpoint together and renames it into place once all have written.
     """
-    tables = _tables(model)
-    partial = [layer for layer in tables if _partial(layer)]
-    workers = partial[0]._sharded.num_shards // len(partial[0]._sharded.components) if partial else 1
-    worker = partial[0]._sharded.replica_ids[0] // len(partial[0]._sharded.components) if partial else 0
+    tables = tables_of(model)
+    partial = [table for table in tables if _partial(table)]
+    workers = partial[0].num_shards // len(partial[0].local_shards) if partial else 1
+    worker = partial[0].local_shards[0] // len(partial[0].local_shards) if partial else 0
     staging = Path(path).with_name(f".{Path(path).name}.shards")
     if partial:
         staging.mkdir(parents=True, exist_ok=True)
-        for i, layer in enumerate(tables):
-            if _partial(layer):
-                np.savez(staging / f"{i}.worker{worker}.npz",
-                         **_table_arrays(layer, table_slots(optimizer, layer.embedding_variable)))
+        for i, table in enumerate(tables):
+            if _partial(table):
+                np.savez(staging / f"{i}.worker{worker}.npz", **_table_arrays(table, optimizer))
         _barrier(partial[0])  # every worker's shards are on disk
     if worker == 0:
         _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers)
@@ -105,23 +98,23 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
     with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
         (tmp / "tables").mkdir()
         table_entries = []
-        for i, layer in enumerate(tables):
-            slots = table_slots(optimizer, layer.embedding_variable)
+        for i, table in enumerate(tables):
+            slots = table.optimizer_slots(optimizer)
             slot_ids.update(id(slot) for slot in slots)
-            if _partial(layer):
+            if _partial(table):
                 parts = [staging / f"{i}.worker{w}.npz" for w in range(workers)]
                 for w, part in enumerate(parts):
                     shutil.move(part, tmp / "tables" / f"{i}.worker{w}.npz")
                 keys = sum(len(np.load(tmp / "tables" / f"{i}.worker{w}.npz")["keys"]) for w in range(workers))
             else:
-                arrays = _table_arrays(layer, slots)
+                arrays = _table_arrays(table, optimizer)
                 np.savez(tmp / "tables" / f"{i}.npz", **arrays)
                 keys, parts = len(arrays["keys"]), [None]
-            table_entries.append({"layer": _relative(model, layer.path), "rows": layer.capacity,
-                                  "dim": int(layer.embedding_variable.shape[1]), "keys": int(keys),
-                                  "dynamic": layer.use_hashtable, "sharding": layer.sharding,
-                                  "shards": layer.num_shards, "files": len(parts), "slots": [s.name for s in slots]})
-        dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model)}
+            table_entries.append({"layer": _relative(model, table.path), "rows": table.capacity * table.num_shards,
+                                  "dim": table.dim, "keys": int(keys), "dynamic": table.dynamic,
+                                  "sharding": getattr(table, "sharding", "replicated"), "shards": table.num_shards,
+                                  "files": len(parts), "slots": [s.name for s in slots]})
+        dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model, tables)}
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
                     if id(v) not in slot_ids]
@@ -153,71 +146,63 @@ class CheckpointMismatch(ValueError):
 
 
 def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) -> dict[str, Any]:
-    """Restore `model` (and `optimizer`, which must be built) from `path`; returns the saved state."""
+    """Restore `model` (and `optimizer`, which must be built) from `path`; returns the saved state.
+
+    Everything is read and checked first (the model's class, dense variables by name and shape,
+    each table's width, keys and optimizer slots, the optimizer's other variables); only then is
+    anything assigned, so a checkpoint that does not fit leaves the model as it was.
+    """
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
     manifest = json.loads((path / MANIFEST).read_text())
-    tables, dense_vars = _tables(model), _dense_variables(model)
+    tables = tables_of(model)
     problems = []
     if manifest["model"] != type(model).__name__:
         problems.append(f"model class {manifest['model']} vs {type(model).__name__}")
     saved_dense = {d["path"]: tuple(d["shape"]) for d in manifest["dense"]}
     pairs: list[tuple[str, Any]] = []
     try:  # by path without Keras' per-process numbers (dense_3 -> dense) and shape, in model order
-        pairs = match(saved_dense, {_relative(model, v.path): v for v in dense_vars}, str(path))
+        pairs = match(saved_dense, {_relative(model, v.path): v for v in _dense_variables(model, tables)}, str(path))
     except ValueError as exc:
         problems.append(f"dense variables differ ({exc})")
     if len(manifest["tables"]) != len(tables):
         problems.append(f"{len(manifest['tables'])} embedding tables vs {len(tables)}")
-    for entry, layer in zip(manifest["tables"], tables):
-        if entry["dim"] != int(layer.embedding_variable.shape[1]):
-            problems.append(f"table {entry['layer']}: width {entry['dim']} vs {int(layer.embedding_variable.shape[1])}")
-        if entry["keys"] > layer.capacity:
-            problems.append(f"table {entry['layer']}: {entry['keys']} keys do not fit {layer.capacity} rows")
-        if entry.get("sharding", "replicated") == "table" and layer.num_shards > 1 and layer.sharding != "table":
+    data = []
+    for i, (entry, table) in enumerate(zip(manifest["tables"], tables)):
+        if entry["dim"] != table.dim:
+            problems.append(f"table {entry['layer']}: width {entry['dim']} vs {table.dim}")
+            continue
+        if entry.get("sharding", "replicated") == "table" and getattr(table, "sharding", None) not in (None, "table") \
+                and table.num_shards > 1:
             problems.append(f"table {entry['layer']}: saved table-wise (keys placed by slot), restoring "
-                            f"sharding={layer.sharding!r}")
+                            f"sharding={table.sharding!r}")
+            continue
+        arrays = _read_table(path, i, entry)
+        try:
+            table.check(arrays, optimizer)
+        except ValueError as exc:
+            problems.append(f"table {entry['layer']}: {exc}")
+        data.append(arrays)
+    slot_ids = {id(s) for table in tables for s in table.optimizer_slots(optimizer)}
+    others = [v for v in optimizer.variables if id(v) not in slot_ids] if optimizer is not None and optimizer.built \
+        else []
+    saved_optimizer = np.load(path / "optimizer.npz") if others else None
+    if saved_optimizer is not None and len(others) != len(saved_optimizer.files):
+        problems.append(f"optimizer has {len(others)} variables, the checkpoint {len(saved_optimizer.files)}")
+    elif saved_optimizer is not None:
+        problems += [f"optimizer variable {v.name}: shape {tuple(v.shape)} vs {saved_optimizer[f'v{i}'].shape}"
+                     for i, v in enumerate(others) if tuple(v.shape) != saved_optimizer[f"v{i}"].shape]
     if problems:
         raise CheckpointMismatch(f"checkpoint {str(path)!r} does not match this model: " + "; ".join(problems))
 
     dense, position = np.load(path / "dense.npz"), {name: i for i, name in enumerate(saved_dense)}
     for name, v in pairs:
         v.assign(dense[f"v{position[name]}"])
-    for i, (entry, layer) in enumerate(zip(manifest["tables"], tables)):
-        data = _read_table(path, i, entry)
-        keys, vectors = data["keys"], data["vectors"]
-        if layer.num_shards > 1:  # re-shard: every shard takes the keys it owns now
-            slots = table_slots(optimizer, layer.embedding_variable)
-            layer._sharded.restore(keys, data["key_slots"] if "key_slots" in data else np.full(len(keys), -1),
-                                   [vectors] + [data[f"slot_{j}"] for j in range(len(slots))],
-                                   [layer.embedding_variable, *slots])
-            continue
-        if getattr(layer, "vocabulary", None) is not None:
-            rows = np.arange(len(keys), dtype=np.int64)  # compact rows; the vocabulary follows
-            layer.vocabulary.restore(keys, rows)
-        else:
-            rows = keys
-        table = layer.embedding_variable
-        values = np.zeros(tuple(table.shape), table.dtype) if layer.vocabulary is not None else table.numpy()
-        values[rows] = vectors
-        table.assign(values)
-        slots = table_slots(optimizer, table)
-        if optimizer is not None and slots:
-            for j, slot in enumerate(slots):
-                full = np.zeros(tuple(slot.shape), slot.dtype)
-                if f"slot_{j}" in data:
-                    full[rows] = data[f"slot_{j}"]
-                slot.assign(full)
-    if optimizer is not None and optimizer.built:
-        saved = np.load(path / "optimizer.npz")
-        slot_ids = {id(s) for layer in tables for s in table_slots(optimizer, layer.embedding_variable)}
-        others = [v for v in optimizer.variables if id(v) not in slot_ids]
-        if len(others) != len(saved.files):
-            raise CheckpointMismatch(f"checkpoint {str(path)!r}: optimizer has {len(others)} variables, "
-                                     f"the checkpoint {len(saved.files)}")
-        for i, v in enumerate(others):
-            v.assign(saved[f"v{i}"])
+    for arrays, table in zip(data, tables):
+        table.restore(arrays, optimizer)
+    for i, v in enumerate(others):
+        v.assign(saved_optimizer[f"v{i}"])
     return manifest["state"]
 
 

@@ -33,8 +33,8 @@ import tensorflow as tf
 from sok_tutorial.atomic import atomic_directory
 from sok_tutorial.data.tables import to_array, to_table
 from sok_tutorial.data.workflow import Workflow
-from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbedding
-from sok_tutorial.training.summary import model_summary, parameter_report
+from sok_tutorial.embedding.table import tables_of
+from sok_tutorial.training.summary import keras_embeddings, model_summary, parameter_report
 
 SEPARATOR = "|"
 
@@ -56,14 +56,10 @@ def _raw_spec(workflow: Workflow) -> dict[str, tf.TensorSpec]:
 
 
 def _tables(model: Any) -> list[dict[str, Any]]:
-    """Rows and width of every embedding table: this package's layers and ``keras.layers.Embedding``."""
-    tables = []
-    for layer in model._flatten_layers(include_self=False):
-        if isinstance(layer, (DistributedEmbedding, All2AllDenseEmbedding)):
-            tables.append({"layer": layer.name, "rows": int(layer.capacity), "dim": int(layer.embedding_vec_size)})
-        elif isinstance(layer, keras.layers.Embedding):
-            tables.append({"layer": layer.name, "rows": int(layer.input_dim), "dim": int(layer.output_dim)})
-    return tables
+    """Rows and width of every embedding table: this package's tables and ``keras.layers.Embedding``."""
+    tables = [{"layer": t.name, "rows": t.capacity * t.num_shards, "dim": t.dim} for t in tables_of(model)]
+    return tables + [{"layer": layer.name, "rows": int(layer.input_dim), "dim": int(layer.output_dim)}
+                     for layer in keras_embeddings(model)]
 
 
 class _Serving:
@@ -96,13 +92,9 @@ def export_model(model: Any, workflow: Workflow, path: str | os.PathLike, *, sam
     Args:
         sample: one batch of model features, to record layer shapes in ``graph.json``.
 
-    Embedding layers with a dynamic vocabulary are frozen into static tables for the SavedModel.
+    Dynamic tables go into the SavedModel as they are: their key index is graph state, so the
+    served model maps keys to rows itself, and keys it never saw embed to zeros.
     """
-    frozen = []
-    for layer in model._flatten_layers(include_self=False):
-        if getattr(layer, "vocabulary", None) is not None:
-            layer.freeze_vocabulary()
-            frozen.append(layer._frozen)
     layers = model_summary(model, sample, print_fn=None)
     with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
         model.save_weights(tmp / "model.weights.h5")
@@ -110,7 +102,7 @@ def export_model(model: Any, workflow: Workflow, path: str | os.PathLike, *, sam
         serving = _Serving(model, workflow, from_logits)
         archive = keras.export.ExportArchive()  # Keras' own SavedModel writer for Keras models
         archive.track(model)
-        for table in list(serving.tables.values()) + frozen:
+        for table in serving.tables.values():
             archive.track(table)
         archive.add_endpoint(name="serving_default", fn=serving, input_signature=[_raw_spec(workflow)])
         archive.write_out(str(tmp / "saved_model"), verbose=False)

@@ -118,13 +118,14 @@ def _busy(events: Any) -> float:
 
 def op_breakdown(log_dir_or_trace: str | Path, *, steps: int | None = None,
                  optimizer_scopes: Sequence[str] = ("adam", "sgd", "adagrad", "lazyadam", "lazy_adam",
-                                                    "optimizer")) -> list[dict[str, Any]]:
+                                                    "optimizer"), by: str = "part") -> list[dict[str, Any]]:
     """Milliseconds of CPU time per ``(phase, part)`` in the newest trace under `log_dir_or_trace`.
 
     TensorFlow ops are attributed to their phase and part (see the module docstring); the
     tf.data threads count as one row, ``("input", "tf.data")``, the time they were busy. Returns
     rows ``{"phase", "part", "ms", "share"}`` sorted by time: ``ms`` per step when `steps` is
-    given, ``share`` of the total.
+    given, ``share`` of the total. ``by="op"`` gives the part as the op's TensorFlow type
+    (``ResourceGather``, ``Unique``...) instead of the layer, to see which kernels a step spends on.
 
     Example:
         >>> import tempfile
@@ -139,6 +140,7 @@ def op_breakdown(log_dir_or_trace: str | Path, *, steps: int | None = None,
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
+    checks.one_of("by", by, ("part", "op"))
     path = Path(log_dir_or_trace)
     if path.is_dir():
         files = trace_files(path)
@@ -159,7 +161,8 @@ def op_breakdown(log_dir_or_trace: str | Path, *, steps: int | None = None,
             for event in line.events:
                 name = names[event.metadata_id].name
                 if _OP.match(name):
-                    totals[_classify(name, scopes)] += event.duration_ps / 1e9
+                    phase, part = _classify(name, scopes)
+                    totals[(phase, name.rsplit(":", 1)[1]) if by == "op" else (phase, part)] += event.duration_ps / 1e9
     total = sum(totals.values()) or 1.0
     div = steps or 1
     rows = [{"phase": p, "part": q, "ms": v / div, "share": v / total} for (p, q), v in totals.items()]

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.layers import is_embedding_variable
+from sok_tutorial.embedding.table import table_of
 
 
 def _shape(value: Any) -> str:
@@ -21,9 +21,14 @@ def _shape(value: Any) -> str:
     return "?" if shape is None else str(tuple(None if d is None else int(d) for d in shape))
 
 
-def _keras_table_ids(model: Any) -> set[int]:
+def keras_embeddings(model: Any) -> list[Any]:
+    """The ``keras.layers.Embedding`` layers of a model (tables of plain Keras, beside ours)."""
     layers = model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else []
-    return {id(v) for layer in layers if isinstance(layer, keras.layers.Embedding) for v in layer.trainable_variables}
+    return [layer for layer in layers if isinstance(layer, keras.layers.Embedding)]
+
+
+def _is_table(variable: Any, keras_tables: set[int]) -> bool:
+    return table_of(variable) is not None or id(variable) in keras_tables
 
 
 def parameter_report(model: Any) -> dict[str, int]:
@@ -32,9 +37,9 @@ def parameter_report(model: Any) -> dict[str, int]:
     Tables are this package's embedding variables and the weights of ``keras.layers.Embedding``
     layers, so a model built either way reports the same split.
     """
-    tables = _keras_table_ids(model)
-    emb = [v for v in model.trainable_variables if is_embedding_variable(v) or id(v) in tables]
-    dense = [v for v in model.trainable_variables if not (is_embedding_variable(v) or id(v) in tables)]
+    tables = {id(v) for layer in keras_embeddings(model) for v in layer.trainable_variables}
+    emb = [v for v in model.trainable_variables if _is_table(v, tables)]
+    dense = [v for v in model.trainable_variables if not _is_table(v, tables)]
 
     def count(vs: list[Any]) -> int:
         return int(sum(int(np.prod(v.shape)) for v in vs))
@@ -53,7 +58,9 @@ def model_summary(model: Any, sample: Any, print_fn: Callable[[str], None] | Non
     ``embedding`` for table layers), and prints them as a table unless ``print_fn=None``.
     """
     rows: list[dict[str, Any]] = []
-    layers = [layer for layer in model._flatten_layers(include_self=False)]
+    layers = model._flatten_layers(include_self=False)
+    held = {id(layer.table) for layer in layers if getattr(layer, "table", None) is not None}
+    layers = [layer for layer in layers if id(layer) not in held]  # a SOK layer's table is part of that layer
     originals = {}
 
     def wrap(layer: Any) -> Callable[..., Any]:
@@ -64,7 +71,7 @@ def model_summary(model: Any, sample: Any, print_fn: Callable[[str], None] | Non
             if not any(r["layer"] == layer.name for r in rows):
                 params = int(sum(int(np.prod(v.shape)) for v in layer.trainable_variables))
                 kind = "embedding" if (isinstance(layer, keras.layers.Embedding) or any(
-                    is_embedding_variable(v) for v in layer.trainable_variables)) else "dense"
+                    table_of(v) is not None for v in layer.trainable_variables)) else "dense"
                 rows.append({"layer": layer.name, "type": type(layer).__name__, "inputs": _shape(args[0] if args else
                              kwargs), "outputs": _shape(out), "parameters": params, "kind": kind})
             return out

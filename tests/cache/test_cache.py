@@ -31,7 +31,6 @@ from sok_tutorial.data import ParquetLoader  # noqa: E402
 from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
 from sok_tutorial.data.schema import Schema  # noqa: E402
 from sok_tutorial.data.transforms import Transform  # noqa: E402
-from sok_tutorial.embedding.initializers import keyed_initial_values  # noqa: E402
 
 CARDS = [4000 + 100 * i for i in range(26)]
 VOCAB = sum(CARDS)
@@ -126,8 +125,7 @@ def test_cache_at_10_percent_trains_like_the_whole_table(data, tmp_path, store, 
 def _server_rows(cache, layer, keys):
     """What `update` must load: the server's rows, initial vectors and zero state for keys it lacks."""
     rows, found = cache.ps.pull(layer.name, keys)
-    dim = layer.embedding_vec_size
-    rows[~found, :dim] = keyed_initial_values(keys[~found], dim, layer.init)
+    rows[~found, :layer.dim] = layer.initial_values(keys[~found])
     return rows
 
 
@@ -144,7 +142,7 @@ def test_update_loads_the_server_rows_whatever_was_prefetched(tmp_path, store):
     for step in range(16):
         keys = following
         cache.update(keys)
-        for layer in cache.layers:
+        for layer in cache.tables:
             np.testing.assert_array_equal(cache._read(layer, len(keys)), _server_rows(cache, layer, keys))
         following = keysets[rng.integers(len(keysets))]
         action = step % 4 if step < 8 else rng.integers(4)
@@ -472,7 +470,7 @@ def test_sigkill_during_a_cache_write_back_keeps_the_last_complete_pass(tmp_path
             cache.update(keys)
             batch = cache.remap(np.random.default_rng(step).permutation(keys)).reshape(-1, 26)
             model.train_on_batch({{"categorical": tf.constant(batch)}}, tf.ones([len(batch), 1]))
-            print("pass", step, _digest({{l.name: cache._read(l, len(keys)) for l in cache.layers}}), flush=True)
+            print("pass", step, _digest({{t.name: cache._read(t, len(keys)) for t in cache.tables}}), flush=True)
             cache.write_back()
             print("written", step, flush=True)
     """, tmp_path)

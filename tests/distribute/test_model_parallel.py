@@ -83,7 +83,8 @@ def test_n_replicas_train_like_one(runs: Path, name: str, case: str) -> None:
 def test_shards_split_memory(runs: Path) -> None:
     sizes = {n: int(np.load(next(runs.glob(f"{n}.{_tag(CASES[0])}.rank0.npz")))["bytes_per_replica"])
              for n in ("n1", "n2", "n4")}
-    assert sizes["n2"] * 2 == sizes["n1"] and sizes["n4"] * 4 == sizes["n1"]
+    for n in (2, 4):  # each replica holds 1/n of the rows and key index, plus its own 8-byte row count
+        assert 0 <= sizes[f"n{n}"] * n - sizes["n1"] <= 8 * n and sizes["n1"] > 10_000
 
 
 def _wait(procs: list[subprocess.Popen], limit: float) -> list[tuple[int, str]]:

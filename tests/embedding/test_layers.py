@@ -13,6 +13,14 @@ from sok_tutorial.embedding.initializers import init_spec  # noqa: E402
 EXTREME = [0, -1, 2**63 - 1, -(2**63), 2**40]
 
 
+def row_of(layer, keys) -> dict:
+    """{key: row} through the layer's table (rows of keys it holds)."""
+    keys = np.asarray(list(keys), np.int64)
+    rows, found = layer.table.rows(tf.constant(keys), insert=False)
+    assert found is None or bool(tf.reduce_all(found))
+    return dict(zip(keys.tolist(), rows.numpy().tolist()))
+
+
 def random_bags(rng: np.random.Generator, batch: int, slots: int, max_nnz: int, keys: np.ndarray) -> list:
     """Nested lists [batch][slot][key]: empty slots and repeated keys within a bag included."""
     out = []
@@ -54,14 +62,14 @@ def test_forward_and_backward_match_numpy(combiner, use_hashtable):
     grad = tape.gradient(loss, layer.embedding_variable)
     assert isinstance(grad, tf.IndexedSlices)
     table = layer.embedding_variable.numpy()
-    row_of = dict(zip(*layer.vocabulary.export())) if use_hashtable else {int(k): int(k) for k in keys}
-    np.testing.assert_allclose(out.numpy(), reference(bags, table, row_of, combiner), rtol=1e-6, atol=1e-7)
+    rows = row_of(layer, {k for row in bags for bag in row for k in bag})
+    np.testing.assert_allclose(out.numpy(), reference(bags, table, rows, combiner), rtol=1e-6, atol=1e-7)
     expected = np.zeros_like(table)
     w = weights.numpy()
     for b, row in enumerate(bags):
         for s, bag in enumerate(row):
             for k in bag:
-                expected[row_of[k]] += w[b, s] / (1 if combiner == "sum" else len(bag))
+                expected[rows[k]] += w[b, s] / (1 if combiner == "sum" else len(bag))
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -113,19 +121,16 @@ def test_forward_and_gradients_match_tf_embedding_lookup_sparse(combiner, use_ha
 
     table = tf.Variable(layer.embedding_variable.numpy())  # after the call: rows of new keys exist
     if use_hashtable:
-        vocab_keys, vocab_rows = layer.vocabulary.export()
-        row_of = dict(zip(vocab_keys.tolist(), vocab_rows.tolist()))
-        assert set(row_of) == {k for row in bags for bag in row for k in bag}
-        assert {0, -1, 2**63 - 1, -(2**63)} <= set(row_of)
-    else:
-        row_of = {int(k): int(k) for k in keys}
+        assert set(layer.table.export()["keys"].tolist()) == {k for row in bags for bag in row for k in bag}
+        assert {0, -1, 2**63 - 1, -(2**63)} <= set(layer.table.export()["keys"].tolist())
+    rows = row_of(layer, keys) if not use_hashtable else row_of(layer, {k for row in bags for bag in row for k in bag})
     with tf.GradientTape() as tape:
-        ref = tf_lookup_sparse(table, bags, row_of, combiner)
+        ref = tf_lookup_sparse(table, bags, rows, combiner)
         ref_loss = tf.reduce_sum(ref * weights)
     ref_grad = tape.gradient(ref_loss, table)
 
     np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(out.numpy(), reference(bags, table.numpy(), row_of, combiner), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(out.numpy(), reference(bags, table.numpy(), rows, combiner), rtol=1e-6, atol=1e-7)
     assert np.all(out.numpy()[-1] == 0)
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), tf.convert_to_tensor(ref_grad).numpy(),
                                rtol=1e-5, atol=1e-6)
@@ -164,9 +169,10 @@ def test_dense_keys_equal_the_ragged_path(combiner):
 def test_dense_layer_equals_gather_and_dynamic_input():
     layer = sok.All2AllDenseEmbedding(1000, 5, slot_num=3, nnz_per_slot=2)
     keys = tf.constant(np.array(EXTREME + [7]).reshape(1, 3, 2), tf.int64)
-    out = layer(keys)
-    rows = layer.vocabulary.lookup(keys.numpy().ravel())
-    np.testing.assert_array_equal(out.numpy().reshape(6, 5), layer.embedding_variable.numpy()[rows])
+    out = layer(keys, training=True)
+    rows = row_of(layer, keys.numpy().ravel())
+    np.testing.assert_array_equal(out.numpy().reshape(6, 5), layer.embedding_variable.numpy()[[rows[k] for k in
+                                                                                               keys.numpy().ravel()]])
     flex = sok.All2AllDenseEmbedding(10, 3, slot_num=1, nnz_per_slot=1, dynamic_input=True, use_hashtable=False)
     assert flex(tf.constant([1, 2, 3, 4, 5], tf.int64)).shape == (5, 3)
 
@@ -174,7 +180,7 @@ def test_dense_layer_equals_gather_and_dynamic_input():
 def test_any_width_and_key_seeded_initial_values():
     for dim in (1, 3, 17):
         layer = sok.All2AllDenseEmbedding(10, dim, slot_num=1, nnz_per_slot=1)
-        vec = layer(tf.constant([[[123456789]]], tf.int64)).numpy().reshape(dim)
+        vec = layer(tf.constant([[[123456789]]], tf.int64), training=True).numpy().reshape(dim)
         np.testing.assert_array_equal(vec, keyed_initial_values(np.array([123456789]), dim,
                                                                 init_spec("random_uniform"))[0])
         assert np.all(np.abs(vec) <= 0.05)
@@ -190,7 +196,7 @@ def test_inference_never_grows_the_vocabulary():
     layer = sok.All2AllDenseEmbedding(10, 2, slot_num=1, nnz_per_slot=2)
     layer(tf.constant([[[5, 6]]], tf.int64), training=True)
     out = layer(tf.constant([[[5, 99]]], tf.int64), training=False).numpy()
-    assert len(layer.vocabulary) == 2 and np.all(out[0, 0, 1] == 0) and np.any(out[0, 0, 0] != 0)
+    assert layer.table.size == 2 and np.all(out[0, 0, 1] == 0) and np.any(out[0, 0, 0] != 0)
 
 
 @keras.saving.register_keras_serializable(package="tests")
@@ -259,8 +265,8 @@ def test_custom_loop_in_tf_function_with_two_optimizers():
 def _per_key(layer) -> dict:
     copies = [c.numpy() for c in getattr(layer.embedding_variable.value, "values", [layer.embedding_variable.value])]
     assert all(np.array_equal(copies[0], c) for c in copies[1:]), "replicas' tables differ"
-    keys, rows = layer.vocabulary.export()
-    return dict(zip(keys.tolist(), copies[0][rows]))
+    rows = layer.table.export()
+    return dict(zip(rows["keys"].tolist(), rows["vectors"]))
 
 
 def _assert_same_vectors(a: dict, b: dict) -> None:
@@ -325,8 +331,8 @@ def test_save_and_load_restore_table_and_vocabulary(tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_array_equal(loaded.predict(keys, verbose=0), before)
-    a, b = model.embedding.vocabulary.export(), loaded.embedding.vocabulary.export()
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    a, b = model.embedding.table.export(), loaded.embedding.table.export()
+    assert np.array_equal(a["keys"], b["keys"]) and np.array_equal(a["vectors"], b["vectors"])
     model.save_weights(tmp_path / "w.weights.h5")
     fresh = _model(True)
     fresh(keys[:2], training=False)  # build
@@ -385,7 +391,6 @@ def test_bad_input_is_named():
     with pytest.raises(Exception, match="negative key"):
         dense(tf.constant([[[3], [-1]]], tf.int64))
     small = sok.All2AllDenseEmbedding(3, 2, slot_num=1, nnz_per_slot=4)
-    with pytest.raises(Exception, match="vocabulary exhausted: 4 distinct keys need rows but "
-                                        "max_vocabulary_size_per_gpu=3"):
-        small(tf.constant([[[1, 2, 3, 4]]], tf.int64))
-    assert issubclass(VocabularyExhausted, RuntimeError)
+    with pytest.raises(VocabularyExhausted, match="vocabulary exhausted: 4 distinct keys need rows but "
+                                                  "max_vocabulary_size_per_gpu=3"):
+        small(tf.constant([[[1, 2, 3, 4]]], tf.int64), training=True)

@@ -7,6 +7,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from sok_tutorial import optimizers  # noqa: E402
+from sok_tutorial.embedding import EmbeddingTable  # noqa: E402
 
 ROWS, DIM = 40, 3
 TOUCHED = np.array([3, 7, 7, 12, 39])  # row 7 twice in one step: its gradients add up
@@ -19,6 +20,17 @@ def _grad(rng: np.random.Generator) -> tf.IndexedSlices:
 
 def _dense(g: tf.IndexedSlices) -> tf.Tensor:
     return tf.convert_to_tensor(g)
+
+
+def _variable(start: np.ndarray, table: bool) -> tuple:
+    """(variable, its owner): a table's variable (Adam keeps a table's moments in one fused slot) or
+    a plain Keras variable. Keep the owner alive: a variable belongs to a table while the table lives."""
+    if not table:
+        return keras.Variable(start), None
+    owner = EmbeddingTable(*start.shape, dynamic=False)
+    owner.build()
+    owner.variable.assign(start)
+    return owner.variable, owner
 
 
 CASES = [
@@ -36,8 +48,7 @@ CASES = [
 def test_touched_rows_follow_keras_untouched_rows_and_slots_stay_identical(ours, theirs, kwargs, table):
     rng = np.random.default_rng(0)
     start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
-    sparse_var, dense_var = keras.Variable(start), keras.Variable(start)
-    sparse_var._sok_embedding = table  # tables keep Adam's moments in one fused slot
+    (sparse_var, owner), dense_var = _variable(start, table), keras.Variable(start)
     sparse_opt, dense_opt = ours(**kwargs), theirs(**kwargs)
     sparse_opt.build([sparse_var])
     slots_before = [v.numpy().copy() for v in sparse_opt.variables[1:]]
@@ -70,8 +81,7 @@ def test_dense_gradients_take_the_keras_path_unchanged(ours, theirs, kwargs):
 @pytest.mark.parametrize("table", [True, False], ids=["embedding-table", "plain-variable"])
 def test_lazy_adam_corrects_each_row_by_its_own_step_count(table):
     lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-7
-    var = keras.Variable(np.zeros((4, 2), np.float32))
-    var._sok_embedding = table
+    var, owner = _variable(np.zeros((4, 2), np.float32), table)
     opt = optimizers.LazyAdam(learning_rate=lr, beta_1=b1, beta_2=b2, epsilon=eps)
     steps = [([0, 1], [[1.0, 2.0], [0.5, -1.0]]), ([0], [[-1.0, 0.25]]), ([0, 2], [[2.0, 1.0], [1.0, 1.0]])]
     m, v, count, ref = np.zeros((4, 2)), np.zeros((4, 2)), np.zeros(4), np.zeros((4, 2))

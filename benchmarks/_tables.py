@@ -1,0 +1,171 @@
+"""The TorchRec-shaped workload of ``benchmarks/embedding.py``, run in a child process per case.
+
+TorchRec's own benchmark shape, exactly as the peer script (``bench_torchrec.py`` in the shared
+``peers/`` folder) draws it: 26 tables x 384,615 rows folded into one 10M-row table (table
+offsets), dim 16, batch 8192, one id per table, Zipf(1.1) ids scrambled per table; a
+Linear(416 -> 1) head and binary cross-entropy; the median samples/s of 20 steps after 3
+warm-up steps, 2 threads.
+
+* `train`: one step of a static (row ids) or dynamic (any int64 key) table with one optimizer,
+  optionally with the per-op profile of a few more steps.
+* `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
+  index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
+  (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
+  product the tables use (`sum_by_position`) and by ``tf.math.unsorted_segment_sum``.
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from typing import Any
+
+NT, DIM, BATCH = 26, 16, 8192
+ROWS_PER_TABLE = 10_000_000 // NT
+WARM, STEPS = 3, 20
+OPTIMIZERS = {"sgd": ("SGD", 1e-2), "adagrad": ("Adagrad", 1e-2), "adam": ("Adam", 1e-3),  # the peer script's rates
+              "lazyadam": ("LazyAdam", 1e-3)}
+INDEXES = ("ours", "dense_hash_table", "mutable_hash_table", "reduce")
+
+
+def batches(n: int) -> list[tuple[Any, Any]]:
+    """(ids [batch, 26] with table offsets, labels [batch, 1]), drawn as the peer script draws them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    offsets = (np.arange(NT, dtype=np.int64) * ROWS_PER_TABLE)[:, None]
+    out = []
+    for _ in range(n):
+        ids = (rng.zipf(1.1, size=(NT, BATCH)) - 1) % ROWS_PER_TABLE
+        ids = (ids * 2654435761) % ROWS_PER_TABLE
+        labels = rng.integers(0, 2, size=BATCH).astype(np.float32)
+        out.append(((ids + offsets).T.copy(), labels[:, None]))
+    return out
+
+
+def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any]:
+    """samples/s of one table kind with one optimizer (and the top ops of 4 profiled steps)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    import keras
+
+    import sok_tutorial as sok
+    from sok_tutorial.training.profiler import op_breakdown
+
+    data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
+    embedding = sok.DistributedEmbedding("sum", ROWS_PER_TABLE * NT, DIM, slot_num=NT, max_nnz=1,
+                                         use_hashtable=table == "dynamic")
+    head = keras.layers.Dense(1)
+    name, rate = OPTIMIZERS[optimizer]
+    opt = getattr(sok.optimizers, name)(rate)
+    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def forward(keys: Any) -> Any:
+        return head(tf.reshape(embedding(keys, training=True), [-1, NT * DIM]))
+
+    forward(data[0][0][:1])
+    variables = embedding.trainable_variables + head.trainable_variables
+    opt.build(variables)
+
+    @tf.function
+    def step(keys: Any, labels: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, forward(keys))
+        opt.apply(tape.gradient(loss, variables), variables)
+        return loss
+
+    times = []
+    for i, (keys, labels) in enumerate(data[:WARM + steps]):
+        start = time.perf_counter()
+        float(step(keys, labels))
+        if i >= WARM:
+            times.append(time.perf_counter() - start)
+    rates = [BATCH / t for t in times]
+    result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
+              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size}
+    if profile:
+        log_dir = tempfile.mkdtemp()
+        tf.profiler.experimental.start(log_dir)
+        for keys, labels in data[WARM + steps:]:
+            float(step(keys, labels))
+        tf.profiler.experimental.stop()
+        result["profile_ms"] = [{"op": r["part"], "ms": round(r["ms"], 2)}
+                                for r in op_breakdown(log_dir, steps=4, by="op")[:14]]
+    return result
+
+
+def index(kind: str, steps: int = STEPS) -> dict[str, Any]:
+    """ms per step of lookup + insert of each step's distinct keys into an empty index of 10M rows,
+    then of lookups alone of the same keys (all present)."""
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    from sok_tutorial.embedding import index as key_index
+    from sok_tutorial.embedding.table import sum_by_position
+
+    if kind == "reduce":
+        return _reduction(tf, sum_by_position, steps)
+    capacity = ROWS_PER_TABLE * NT
+    keys = [tf.constant(np.unique(k)) for k, _ in batches(WARM + steps)]
+    spec = [tf.TensorSpec([None], tf.int64)]  # one trace for every step's number of keys
+    if kind == "ours":
+        state = key_index.IndexVariables.create(capacity)
+        insert = tf.function(lambda k: key_index.lookup_or_insert(state, k, capacity, "index")[0], input_signature=spec)
+        lookup = tf.function(lambda k: key_index.lookup(state, k)[0], input_signature=spec)
+    else:
+        if kind == "dense_hash_table":  # two keys reserved as sentinels (never drawn here)
+            table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.int64, -1, empty_key=-2**63,
+                                                          deleted_key=-2**63 + 1, initial_num_buckets=1 << 22)
+        else:
+            table = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, -1)
+        size = tf.Variable(tf.constant(0, tf.int64))
+
+        @tf.function(input_signature=spec)
+        def insert(k: Any) -> Any:
+            rows = tf.ensure_shape(table.lookup(k), [None])
+            missing = rows < 0
+            new = tf.boolean_mask(k, missing)
+            new_rows = size.read_value() + tf.range(tf.size(new, tf.int64))
+            with tf.control_dependencies([table.insert(new, new_rows)]):
+                size.assign_add(tf.size(new, tf.int64))
+            return tf.where(missing, size.read_value() - tf.size(new, tf.int64) + tf.cumsum(tf.cast(missing, tf.int64))
+                            - 1, rows)
+
+        lookup = tf.function(lambda k: table.lookup(k), input_signature=spec)
+    timed = {}
+    for name, fn in (("insert", insert), ("lookup", lookup)):
+        times = []
+        for i, k in enumerate(keys):
+            start = time.perf_counter()
+            fn(k).numpy()
+            if i >= WARM:
+                times.append(time.perf_counter() - start)
+        timed[name] = statistics.median(times) * 1e3
+    return {"lookup_insert_ms": timed["insert"], "lookup_ms": timed["lookup"],
+            "distinct_keys_per_step": float(np.mean([int(k.shape[0]) for k in keys]))}
+
+
+def _reduction(tf: Any, sum_by_position: Any, steps: int) -> dict[str, Any]:
+    """ms to sum a step's gradient rows [213k, 16] into its distinct rows, two ways."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    cases = []
+    for keys, _ in batches(WARM + steps):
+        unique, position = tf.unique(tf.constant(keys.reshape(-1)), out_idx=tf.int32)
+        cases.append((tf.constant(rng.normal(size=(keys.size, DIM)).astype(np.float32)), position, tf.size(unique)))
+    spec = [tf.TensorSpec([None, DIM], tf.float32), tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)]
+    ways = {"sparse_product_ms": tf.function(sum_by_position, input_signature=spec),
+            "unsorted_segment_sum_ms": tf.function(tf.math.unsorted_segment_sum, input_signature=spec)}
+    out = {}
+    for name, fn in ways.items():
+        times = []
+        for i, args in enumerate(cases):
+            start = time.perf_counter()
+            fn(*args).numpy()
+            if i >= WARM:
+                times.append(time.perf_counter() - start)
+        out[name] = statistics.median(times) * 1e3
+    return out

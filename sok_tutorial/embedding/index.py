@@ -1,0 +1,216 @@
+"""The key index of a dynamic embedding table, in the graph: any int64 key gets a row on first sight.
+
+The index is three variables of the table (of each shard, when the table is sharded)::
+
+    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty
+    row_keys   [capacity] int64  the key of each row; rows 0 .. size-1 are in use
+    size       [] int64          rows in use; a new key gets row ``size``
+
+``S`` is the power of two at least twice the capacity, so at most half the slots are ever full.
+A key's home slot is the top bits of a 64-bit mix of the key, and collisions probe the following
+slots (linear probing). Emptiness lives in ``slot_rows`` and no key value is reserved: ``0``,
+negatives, ``-2**63`` and ``2**63 - 1`` are keys like any other. It costs 24 bytes per row of
+capacity. Everything is TensorFlow ops on TensorFlow variables, so the index works in
+``model.fit``, in ``tf.function``, under ``tf.distribute`` (its variables are mirrored; each
+replica writes its own copy), and it is saved with the table by checkpoints and SavedModels.
+
+A lookup probes all keys at once: one gather of their home slots and one of the keys of the rows
+found there settle most keys, and the few that collided probe on in a ``tf.while_loop`` over the
+shrinking rest. New keys (distinct, absent) take rows ``size, size + 1, ...`` in the order given,
+and each claims the empty slot its lookup ended on. When several new keys claim one slot, one
+scatter decides, a gather back tells each key whether it won, and the losers probe on.
+
+Measured on the 2-core machine (``benchmarks/embedding.py``, ``index_*`` cases), for one step of
+26 x 8192 Zipf(1.1) keys into a table of 10M rows (114k distinct keys a step, ~67k of them new
+in the first steps):
+
+    ====================================================  ==========================
+    index, per step (after the keys are deduplicated)      lookup + insert, ms
+    ====================================================  ==========================
+    this one (variables, gathers, scatters)                ~12 (lookup alone ~5)
+    ``tf.lookup.experimental.DenseHashTable``              ~14
+    ``tf.lookup.experimental.MutableHashTable``            ~28 (lookup alone ~7)
+    sorted keys and ``tf.searchsorted``                    ~34 for the lookup alone
+    ====================================================  ==========================
+
+The two lookup-table resources have CPU kernels only (on a GPU, keys would cross to the host
+and rows back every step), reserve sentinel keys (``DenseHashTable``), and live outside
+``tf.distribute``'s variables, so every replica would need a resource of its own.
+
+Rows are handed out in order of first sight, so the rows a step touches sit in the front of the
+table, hot keys first, rather than spread over all of it. On the benchmark, gathering and
+scattering them costs ~5 ms less per step than it does in a static table with the same keys.
+
+On a GPU every op here has a GPU kernel (gathers, scatters, bitwise arithmetic on uint64,
+``tf.where``). What crosses to the host is the control flow: the size of each
+``tf.where``/``tf.boolean_mask`` result and the condition of each ``tf.while_loop`` round, a
+few bytes at a time, never keys or rows.
+
+Example:
+    >>> index = IndexVariables.create(capacity=4)
+    >>> rows, new_keys, _ = lookup_or_insert(index, tf.constant([42, -7, 2**63 - 1], tf.int64), 4, "demo")
+    >>> rows.numpy().tolist(), int(index.size.numpy())
+    ([0, 1, 2], 3)
+    >>> lookup(index, tf.constant([-7, 5], tf.int64))[0].numpy().tolist()
+    [1, -1]
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+_MIX = tf.constant(0x9E3779B97F4A7C15, tf.uint64)
+_EMPTY = -1
+
+
+class VocabularyExhausted(tf.errors.InvalidArgumentError):
+    """A dynamic table has no row left for a new key.
+
+    Raised as this class when the table is called eagerly; inside a graph (``tf.function``,
+    ``model.fit``) TensorFlow raises it as its `tf.errors.InvalidArgumentError`, this class's
+    base, with the same message. Nothing is written in either case.
+    """
+
+    def __init__(self, *args: Any):
+        # (message), or TensorFlow's (node_def, op, message, ...) when Keras re-raises it with context
+        super().__init__(*((None, None, *args) if len(args) == 1 else args))
+
+
+def num_slots(capacity: int) -> int:
+    """Slots of the index of a table of `capacity` rows: a power of two, at least twice as many."""
+    return 1 << max(3, math.ceil(math.log2(2 * capacity)))
+
+
+@dataclass
+class IndexVariables:
+    """The index's state (see the module docstring); ``slot_rows.shape[0]`` is a power of two."""
+
+    slot_rows: Any
+    row_keys: Any
+    size: Any
+
+    @classmethod
+    def create(cls, capacity: int) -> IndexVariables:
+        """Fresh tf.Variables (a table creates its own through Keras; this serves tests and examples)."""
+        return cls(tf.Variable(tf.fill([num_slots(capacity)], tf.constant(_EMPTY, tf.int64))),
+                   tf.Variable(tf.zeros([capacity], tf.int64)), tf.Variable(tf.constant(0, tf.int64)))
+
+    @property
+    def bits(self) -> int:
+        return int(self.slot_rows.shape[0]).bit_length() - 1
+
+
+def home_slots(keys: tf.Tensor, bits: int) -> tf.Tensor:
+    """Start slot of each key: the top `bits` bits of a multiply-xorshift-multiply mix."""
+    h = tf.bitcast(keys, tf.uint64) * _MIX
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))) * _MIX
+    return tf.bitcast(tf.bitwise.right_shift(h, tf.constant(64 - bits, tf.uint64)), tf.int64)
+
+
+def _probe(index: IndexVariables, keys: tf.Tensor, slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(row in each slot, whether it holds the key)."""
+    rows = tf.gather(index.slot_rows, slots)
+    hit = (rows >= 0) & tf.equal(tf.gather(index.row_keys, tf.maximum(rows, 0)), keys)
+    return rows, hit
+
+
+def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(row of each key or -1, its slot: where it is, or the empty slot where it would go).
+
+    `keys` is 1-D int64; repeated keys are fine (each is looked up).
+    """
+    keys = tf.convert_to_tensor(keys, tf.int64)
+    mask = tf.constant((1 << index.bits) - 1, tf.int64)
+    slots = home_slots(keys, index.bits)
+    row, hit = _probe(index, keys, slots)
+    rows = tf.where(hit, row, _EMPTY)
+    pending = tf.where(~hit & (row >= 0))[:, 0]  # another key sits there: probe on
+
+    def body(pos: tf.Tensor, at: tf.Tensor, done: tf.Tensor, found: tf.Tensor, ended: tf.Tensor) -> tuple:
+        at = (at + 1) & mask
+        row, hit = _probe(index, tf.gather(keys, pos), at)
+        end = hit | (row < 0)
+        return (tf.boolean_mask(pos, ~end), tf.boolean_mask(at, ~end), tf.concat([done, tf.boolean_mask(pos, end)], 0),
+                tf.concat([found, tf.boolean_mask(tf.where(hit, row, _EMPTY), end)], 0),
+                tf.concat([ended, tf.boolean_mask(at, end)], 0))
+
+    none = tf.zeros([0], tf.int64)
+    _, _, done, found, ended = tf.while_loop(
+        lambda pos, *_: tf.size(pos) > 0, body, [pending, tf.gather(slots, pending), none, none, none],
+        shape_invariants=[tf.TensorShape([None])] * 5)
+    return (tf.tensor_scatter_nd_update(rows, done[:, None], found),
+            tf.tensor_scatter_nd_update(slots, done[:, None], ended))
+
+
+def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor) -> tf.Operation:
+    """Place distinct absent `keys` with their `rows`, each from the empty slot its `lookup` ended on.
+
+    Writes ``row_keys[rows] = keys``; `size` is the caller's.
+    """
+    mask = tf.constant((1 << index.bits) - 1, tf.int64)
+    written = index.row_keys.scatter_update(tf.IndexedSlices(keys, rows))
+
+    def claim(rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+        """Claim slots `at` (empty) for `rows`; the rows that lost their slot to another."""
+        with tf.control_dependencies([index.slot_rows.scatter_update(tf.IndexedSlices(rows, at))]):
+            return tf.not_equal(tf.gather(index.slot_rows, at), rows)
+
+    def body(rows: tf.Tensor, at: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        at = (at + 1) & mask
+        free = tf.gather(index.slot_rows, at) < 0
+        lost = claim(tf.boolean_mask(rows, free), tf.boolean_mask(at, free))
+        again = tf.tensor_scatter_nd_update(~free, tf.where(free), lost)  # occupied, or lost the claim
+        return tf.boolean_mask(rows, again), tf.boolean_mask(at, again)
+
+    with tf.control_dependencies([written]):
+        lost = claim(rows, slots)
+        placed = tf.while_loop(lambda rows, _: tf.size(rows) > 0, body,
+                               [tf.boolean_mask(rows, lost), tf.boolean_mask(slots, lost)],
+                               shape_invariants=[tf.TensorShape([None])] * 2)
+    with tf.control_dependencies(placed):
+        return tf.no_op()
+
+
+def _exhausted_message(name: str, total: Any, held: Any, new: Any, capacity: int) -> str:
+    return (f"{name}: vocabulary exhausted: {total} distinct keys need rows but "
+            f"max_vocabulary_size_per_gpu={capacity} ({held} held, {new} new in this batch); raise it, or "
+            "hash keys into fewer buckets (HashBucket) before the layer")
+
+
+def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name: str,
+                     share: Callable[[tf.Tensor], tf.Tensor] | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(row of each of the distinct `keys`, keys new to the index, their rows).
+
+    New keys take rows ``size, size + 1, ...``; a table without room for them raises
+    `VocabularyExhausted` before anything is written. `share`, for a table replicated over
+    several replicas, maps this replica's new keys to every replica's (``all_gather``), so all
+    copies of the index take the same keys in the same order and stay identical.
+    """
+    keys = tf.convert_to_tensor(keys, tf.int64)
+    rows, slots = lookup(index, keys)
+    missing = rows < 0
+    new_keys, new_slots = tf.boolean_mask(keys, missing), tf.boolean_mask(slots, missing)
+    if share is not None:
+        new_keys = tf.unique(share(new_keys))[0]  # first-occurrence order: the same on every replica
+        new_slots = lookup(index, new_keys)[1]
+    held, count = index.size.read_value(), tf.size(new_keys, tf.int64)
+    if tf.executing_eagerly() and int(held) + int(count) > capacity:
+        raise VocabularyExhausted(_exhausted_message(name, int(held) + int(count), int(held), int(count), capacity))
+    check = tf.debugging.Assert(held + count <= capacity, [tf.strings.format(
+        _exhausted_message(name.replace("{", "{{").replace("}", "}}"), "{}", "{}", "{}", capacity),
+        (held + count, held, count))])
+    with tf.control_dependencies([check]):
+        new_rows = held + tf.range(count)
+        placed = insert(index, new_keys, new_rows, new_slots)
+    with tf.control_dependencies([placed]):
+        grown = index.size.assign_add(count)
+    with tf.control_dependencies([grown]):
+        if share is not None:
+            rows = tf.where(missing, lookup(index, keys)[0], rows)
+        else:
+            rows = tf.where(missing, held + tf.cumsum(tf.cast(missing, tf.int64)) - 1, rows)
+        return tf.identity(rows), tf.identity(new_keys), new_rows

@@ -1,0 +1,393 @@
+"""`EmbeddingTable`: an embedding table as one object, which everything else talks to.
+
+A table owns its variable ``[capacity, dim]``, its key index, its key-seeded initializer
+(`sok_tutorial.embedding.initializers`) and, through `optimizer_slots`, the optimizer's per-row
+state. Its keys are either row ids (``dynamic=False``: ``0 .. capacity - 1``, anything else is an
+error) or any int64 (``dynamic=True``: the in-graph index of `sok_tutorial.embedding.index`
+gives a key a row on first sight). The SOK layers flatten keys, ask their table for vectors and
+combine them; sharding is `sok_tutorial.embedding.sharding.ShardedTable`, the same object split
+over replicas; checkpoints, export, summaries and the training cache use the public methods
+below. `tables_of` finds a model's tables, `table_of` the table owning a variable (how the
+sparse optimizers recognise tables).
+
+A lookup, in TensorFlow ops (no Python in the graph)::
+
+    keys [K] --unique--> keys [U] --index--> rows [U] --gather--> vectors [U, dim] --expand--> [K, dim]
+
+Keys are deduplicated first, so the index and the gather see every distinct key once (a step
+of 26 x 8192 Zipf keys holds ~114k distinct among 213k). The gradient flows back the same way:
+the expand's gradient sums the K rows of upstream gradient into U with one sparse matrix
+product, about four times faster on CPU than ``tf.math.unsorted_segment_sum``. The table
+receives a `UniqueRowsGradient`, which tells the sparse optimizers that its rows are distinct
+and already summed, so they skip their own deduplication. Where TensorFlow combines gradients
+(a table looked up twice in one step, or all-reduced over replicas), it arrives as a plain
+``tf.IndexedSlices`` and the optimizers deduplicate it as before.
+
+Example:
+    >>> table = EmbeddingTable(capacity=100, dim=4, name="items")
+    >>> table(tf.constant([[10, 2**40], [10, -3]], tf.int64), training=True).shape
+    TensorShape([2, 2, 4])
+    >>> table.size, sorted(table.export()["keys"].tolist())
+    (3, [-3, 10, 1099511627776])
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from kernels import checks
+from sok_tutorial.embedding import index as key_index
+from sok_tutorial.embedding.initializers import (
+    KeyedInitializer,
+    init_spec,
+    keyed_initial_values,
+    keyed_initial_values_tf,
+)
+
+try:  # whether any gradient tape is recording (TensorFlow has no public call for it)
+    from tensorflow.python.eager.record import could_possibly_record as _recording
+except ImportError:  # older TensorFlow kept it in tape.py
+    from tensorflow.python.eager.tape import could_possibly_record as _recording
+
+_OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
+
+
+class UniqueRowsGradient(tf.IndexedSlices):
+    """The gradient of one table lookup: distinct ``indices``, each row's gradient summed."""
+
+
+def in_shape_trace(variable: Any) -> bool:
+    """Keras traces a layer only for its output shapes (``compute_output_spec``, a stateless scope):
+    its variables stand for placeholder tensors, and no state may be read or written."""
+    return not isinstance(variable.value, tf.Variable)
+
+
+def inserting(training: Any) -> bool:
+    """Whether a call gives new keys rows: in training, not in inference.
+
+    ``training=True`` or ``False`` decides. ``None`` is what Keras passes both when it serves a
+    model (``model(x)``, the endpoint of ``model.export``) and when ``model.fit`` trains a model
+    whose ``call`` takes no ``training`` argument; what tells them apart is a gradient tape
+    recording the call (every training step has one), so ``None`` inserts exactly then.
+    """
+    if training is None:
+        return bool(_recording())
+    if isinstance(training, (bool, np.bool_)):
+        return bool(training)
+    return True  # a tensor: only a training step passes one
+
+
+def table_of(variable: Any) -> EmbeddingTable | None:
+    """The table owning `variable` (its Keras variable, the tf.Variable behind it, or a replica's
+    component of it), or None for any other variable."""
+    return _OWNERS.get(id(variable))
+
+
+def tables_of(model: Any) -> list[EmbeddingTable]:
+    """The embedding tables of a Keras model or layer, in a stable order (the order of its layers)."""
+    if isinstance(model, EmbeddingTable):
+        return [model]
+    found = [layer for layer in model._flatten_layers(include_self=True) if isinstance(layer, EmbeddingTable)]
+    return list({id(t): t for t in found}.values())
+
+
+def local_components(variable: Any) -> list[Any]:
+    """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
+    value = getattr(variable, "value", variable)
+    return list(getattr(value, "values", None) or [value])
+
+
+def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
+    """``context.all_gather(values, 0)``, also when every replica's `values` is empty (TensorFlow's
+    collective crashes the process then): each replica sends one padding row more, dropped after.
+    `sizes`: each replica's number of rows, when already gathered (else one more collective)."""
+    if sizes is None:
+        sizes = context.all_gather(tf.shape(values, out_type=tf.int64)[:1], 0)  # (replicas,)
+    pad = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
+    gathered = context.all_gather(tf.concat([values, pad], 0), 0)
+    padding = tf.cumsum(tf.cast(sizes, tf.int64) + 1) - 1
+    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(gathered)[:1], tf.bool), padding[:, None],
+                                       tf.zeros_like(padding, tf.bool))
+    return tf.boolean_mask(gathered, keep)
+
+
+def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``."""
+    k = tf.shape(position, out_type=tf.int64)[0]
+    flat = tf.reshape(values, tf.stack([k, -1]))
+    pick = tf.SparseTensor(tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1), tf.ones([k], values.dtype),
+                           tf.stack([k, tf.cast(count, tf.int64)]))
+    out = tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
+    return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
+
+
+def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`)."""
+    @tf.custom_gradient
+    def gather(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def grad(upstream: tf.Tensor) -> tf.Tensor:
+            return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0])
+        return tf.gather(vectors, position), grad
+    return gather(vectors)
+
+
+def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
+    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`."""
+    @tf.custom_gradient
+    def gather(unused: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def grad(upstream: tf.Tensor, variables: Sequence[Any] = ()) -> tuple[None, list[Any]]:
+            shape = tf.shape(variable, out_type=tf.int64)
+            return None, [UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape) for _ in variables]
+        return tf.gather(variable, rows), grad
+    return gather(tf.zeros([]))
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class EmbeddingTable(keras.layers.Layer):
+    """An embedding table: int keys (any shape) -> vectors (``keys.shape + [dim]``).
+
+    Args:
+        capacity: rows of the table (``max_vocabulary_size_per_gpu`` in the SOK layers).
+        dim: width of a vector.
+        dynamic: any int64 key gets a row on first sight in a training call (`inserting`:
+            ``training=True``, or a call under a gradient tape), up to `capacity` keys, then
+            `VocabularyExhausted`; other calls embed keys never seen to zeros. ``False``: keys are
+            row ids in ``[0, capacity)``.
+        initializer: a Keras initializer (uniform, normal, truncated normal, constant), drawn per key.
+    """
+
+    def __init__(self, capacity: int, dim: int, *, dynamic: bool = True, initializer: Any = "random_uniform",
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.capacity = checks.positive_int("capacity", capacity)
+        self.dim = checks.positive_int("dim", dim)
+        self.dynamic = bool(dynamic)
+        self.init = init_spec(initializer)
+        self.num_shards, self.local_shards, self.strategy = 1, [0], None
+
+    # ------------------------------------------------------------------ state
+    @property
+    def indexed(self) -> bool:
+        """Whether rows are assigned by the dynamic index (else row = key)."""
+        return self.dynamic
+
+    def build(self, input_shape: Any = None) -> None:
+        if self.built:
+            return
+        self.variable = self.add_weight(name="embedding_variable", shape=(self.capacity, self.dim), autocast=False,
+                                        initializer=self._initializer(), trainable=True)
+        if self.indexed:
+            slots, capacity = key_index.num_slots(self.capacity), self.capacity
+            self._slot_rows = self.add_weight(name="slot_rows", shape=(slots,), dtype="int64", trainable=False,
+                                              initializer=keras.initializers.Constant(-1))
+            self._row_keys = self.add_weight(name="row_keys", shape=(capacity,), dtype="int64", trainable=False,
+                                             initializer="zeros")
+            self._size = self.add_weight(name="size", shape=(), dtype="int64", trainable=False, initializer="zeros")
+        for v in (self.variable, self.variable.value, *local_components(self.variable)):
+            _OWNERS[id(v)] = self
+        super().build(input_shape)
+
+    def _initializer(self) -> KeyedInitializer:
+        return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=self.indexed)
+
+    def index_variables(self, component: int | None = None) -> key_index.IndexVariables:
+        """The index variables: mirrored ones (replica context writes its own copy) or one shard's."""
+        if component is None:
+            return key_index.IndexVariables(self._slot_rows.value, self._row_keys.value, self._size.value)
+        return key_index.IndexVariables(*(local_components(v)[component]
+                                          for v in (self._slot_rows, self._row_keys, self._size)))
+
+    @property
+    def size(self) -> int:
+        """Keys with a row (this process's shards): the rows in use."""
+        if not self.indexed:
+            return self.capacity * len(self.local_shards)
+        return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
+
+    def optimizer_slots(self, optimizer: Any) -> list[Any]:
+        """The variables of `optimizer` holding per-row state of this table (first dimension = rows)."""
+        if optimizer is None or not getattr(optimizer, "built", False) or not self.built:
+            return []
+        prefix = self.variable.path.replace("/", "_") + "_"  # Keras names slots "<variable path>_<slot>"
+        return [v for v in optimizer.variables
+                if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == self.capacity]
+
+    def initial_values(self, keys: Any) -> np.ndarray:
+        """The key-seeded initial vectors of `keys` ``[n, dim]`` (NumPy)."""
+        return keyed_initial_values(keys, self.dim, self.init)
+
+    # ------------------------------------------------------------------ keys -> vectors
+    def _keys(self, keys: Any) -> tf.Tensor:
+        dtype = getattr(keys, "dtype", None)
+        if dtype is None or not tf.as_dtype(dtype).is_integer:
+            raise TypeError(f"{self.name}: keys must be integers (int64 or int32), got {dtype}")
+        return tf.cast(keys, tf.int64)
+
+    def _check_range(self, keys: tf.Tensor, rows: int) -> None:
+        tf.debugging.assert_non_negative(tf.reduce_min(tf.concat([keys, [0]], 0)),
+                                         message=f"{self.name}: negative key; keys are row ids (use_hashtable=False)")
+        tf.debugging.assert_less(tf.reduce_max(tf.concat([keys, [0]], 0)), tf.constant(rows, tf.int64),
+                                 message=f"{self.name}: key out of range [0, {rows}); keys are row ids "
+                                         "(use_hashtable=False, max_vocabulary_size_per_gpu)")
+
+    def _share(self) -> Any:
+        """For a table replicated over several replicas: all_gather of each replica's new keys."""
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return None
+        return lambda keys: all_gather(context, keys)
+
+    def rows(self, keys: tf.Tensor, insert: bool, component: int | None = None,
+             share: Any = None) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """(rows of distinct int64 `keys`, mask of keys that have one or None when all do).
+
+        With `insert`, a dynamic table gives new keys rows and writes their initial vectors.
+        """
+        if not self.indexed:
+            self._check_range(keys, self.capacity)
+            return keys, None
+        index = self.index_variables(component)
+        if not insert:
+            rows, _ = key_index.lookup(index, keys)
+            return tf.maximum(rows, 0), rows >= 0
+        rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
+        variable = self.variable.value if component is None else local_components(self.variable)[component]
+        variable.scatter_update(tf.IndexedSlices(keyed_initial_values_tf(new_keys, self.dim, self.init), new_rows))
+        return rows, None
+
+    def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
+        """Vectors of `keys` (any shape): ``keys.shape + [dim]``, float32. New keys get rows in training
+        calls (`inserting`). (`slots`, each key's slot, matters to table-wise sharded tables only.)"""
+        keys = self._keys(keys)
+        if not self.built:
+            self.build()
+        if in_shape_trace(self.variable):
+            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
+        unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+        rows, found = self.rows(unique, insert=inserting(training), share=self._share())
+        vectors = gather_rows(self.variable.value, rows)
+        if found is not None:
+            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
+        return tf.reshape(expand(vectors, position), tf.concat([tf.shape(keys), [self.dim]], 0))
+
+    def call(self, keys: Any, training: Any = None) -> tf.Tensor:
+        return self.lookup(keys, training)
+
+    def compute_output_shape(self, input_shape: Any) -> tuple:
+        return (*input_shape, self.dim)
+
+    # ------------------------------------------------------------------ rows by key, out and in
+    def _keys_and_rows(self, component: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, rows) in use in one local shard (component)."""
+        if not self.indexed:
+            rows = np.arange(self.capacity, dtype=np.int64)
+            return rows * self.num_shards + self.local_shards[component], rows
+        index = self.index_variables(component)
+        rows = np.arange(int(index.size.numpy()), dtype=np.int64)
+        return tf.gather(index.row_keys, rows).numpy(), rows
+
+    def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
+        return [tf.gather(local_components(v)[component], rows).numpy() for v in variables]
+
+    def export(self, optimizer: Any = None) -> dict[str, np.ndarray]:
+        """Every row in use by key: ``keys``, ``vectors`` and ``slot_<j>`` (each variable of
+        `optimizer_slots`), plus ``shard`` (the replica holding each key) and ``key_slots`` (the
+        layer slot of each key, table-wise placement; -1 otherwise)."""
+        slots = self.optimizer_slots(optimizer)
+        parts = []
+        for component, shard in enumerate(self.local_shards):
+            keys, rows = self._keys_and_rows(component)
+            values = self._gather([self.variable, *slots], component, rows)
+            part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
+                    "key_slots": self._key_slots(component, rows)}
+            part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
+            parts.append(part)
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _key_slots(self, component: int, rows: np.ndarray) -> np.ndarray:
+        return np.full(len(rows), -1, np.int64)
+
+    def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
+        """(keys, [vectors, slot_0, ...], the variables they go to), after checking everything."""
+        keys = np.asarray(arrays["keys"])
+        if keys.dtype.kind not in "iu" or keys.ndim != 1:
+            raise ValueError(f"{self.name}: keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
+        keys = keys.astype(np.int64)
+        variables = [self.variable, *self.optimizer_slots(optimizer)]
+        names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
+        values = []
+        for name, variable in zip(names, variables):
+            want = (len(keys), *variable.shape[1:])
+            value = np.asarray(arrays[name]) if name in arrays else np.zeros(want, variable.dtype)
+            if value.shape != want:
+                raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (rows of "
+                                 f"{variable.path})")
+            values.append(value)
+        if len(np.unique(keys)) != len(keys):
+            raise ValueError(f"{self.name}: keys repeat")
+        return keys, values, variables
+
+    def check(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
+        """Raise ValueError, naming what differs, if `restore` could not load `arrays`."""
+        keys, _, _ = self._checked(arrays, optimizer)
+        if self.indexed and len(keys) > self.capacity:
+            raise ValueError(f"{self.name}: {len(keys):,} keys do not fit max_vocabulary_size_per_gpu="
+                             f"{self.capacity:,} rows")
+        if not self.indexed and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity):
+            raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
+                             f"[0, {self.capacity})")
+
+    def restore(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
+        """Load rows by key, as `export` writes them: a dynamic table takes rows ``0 .. n-1`` in the
+        order given and keeps assigning new keys from ``n``; a table of row ids takes each key's row.
+        Everything is checked (`check`) before anything is written."""
+        self.check(arrays, optimizer)
+        self._assign(0, *self._checked(arrays, optimizer))
+
+    def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
+        """Write `keys` and their rows into one local shard (rebuilding its index)."""
+        if self.indexed:
+            index = self.index_variables(component)
+            index.slot_rows.assign(tf.fill(index.slot_rows.shape, tf.constant(-1, tf.int64)))
+            index.size.assign(0)
+            key_index.lookup_or_insert(index, tf.constant(keys), self.capacity, self.name)
+            rows = np.arange(len(keys), dtype=np.int64)
+        else:
+            rows = self._local_rows(keys)
+        for j, (variable, value) in enumerate(zip(variables, values)):
+            target = local_components(variable)[component]
+            keep = j == 0 and not self.indexed  # rows of a static table outside `keys` keep their values
+            full = target.numpy() if keep else np.zeros(target.shape, target.dtype.as_numpy_dtype)
+            full[rows] = value
+            target.assign(full)
+
+    def _local_rows(self, keys: np.ndarray) -> np.ndarray:
+        return keys
+
+    def read(self, keys: Any, optimizer: Any = None) -> dict[str, np.ndarray]:
+        """``vectors`` and ``slot_<j>`` of `keys` (present keys of a one-shard table)."""
+        keys = tf.constant(np.asarray(keys, np.int64))
+        rows, found = self.rows(keys, insert=False) if self.indexed else (keys, None)
+        if found is not None and not bool(tf.reduce_all(found)):
+            raise KeyError(f"{self.name}: {int(tf.reduce_sum(1 - tf.cast(found, tf.int32)))} keys have no row")
+        variables = [self.variable, *self.optimizer_slots(optimizer)]
+        values = [tf.gather(v.value, rows).numpy() for v in variables]
+        return dict(zip(["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)], values))
+
+    def write(self, keys: Any, arrays: dict[str, Any], optimizer: Any = None) -> None:
+        """Set the rows of `keys` (a dynamic table gives new keys rows): ``vectors`` and ``slot_<j>``."""
+        keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
+        rows = self.rows(tf.constant(keys), insert=True)[0] if self.indexed else tf.constant(keys)
+        if not self.indexed:
+            self._check_range(rows, self.capacity)
+        for variable, value in zip(variables, values):
+            variable.value.scatter_update(tf.IndexedSlices(tf.constant(value, variable.dtype), rows))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "capacity": self.capacity, "dim": self.dim, "dynamic": self.dynamic,
+                "initializer": {"class_name": "KeyedInitializer", "config": self._initializer().get_config()}}
