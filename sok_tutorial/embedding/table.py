@@ -137,14 +137,29 @@ def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
 
 
 def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
-    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`."""
+    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`.
+
+    The rows are read by an ordinary gather (which makes gradient tapes watch the variable) whose
+    own gradient is stopped; an identity that takes the variable's handle as an input gives the
+    handle, and so the variable, the gradient instead. A ``tf.custom_gradient`` that read the
+    variable itself would make TensorFlow read the whole table in graph mode, every step. Outside
+    a gradient tape, and for a distributed variable outside its replicas (which has no handle),
+    it is the plain gather.
+    """
+    if not _recording():
+        return tf.gather(variable, rows)
+    try:
+        handle = variable.handle
+    except ValueError:
+        return tf.gather(variable, rows)
+
     @tf.custom_gradient
-    def gather(unused: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        def grad(upstream: tf.Tensor, variables: Sequence[Any] = ()) -> tuple[None, list[Any]]:
-            shape = tf.shape(variable, out_type=tf.int64)
-            return None, [UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape) for _ in variables]
-        return tf.gather(variable, rows), grad
-    return gather(tf.zeros([]))
+    def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def grad(upstream: tf.Tensor) -> tuple[UniqueRowsGradient, None]:
+            shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
+            return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
+        return tf.identity(values), grad
+    return attach(handle, tf.stop_gradient(tf.gather(variable, rows)))
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -229,9 +244,10 @@ class EmbeddingTable(keras.layers.Layer):
         return tf.cast(keys, tf.int64)
 
     def _check_range(self, keys: tf.Tensor, rows: int) -> None:
-        tf.debugging.assert_non_negative(tf.reduce_min(tf.concat([keys, [0]], 0)),
+        # an empty batch passes both: its min is the largest int64, its max the smallest
+        tf.debugging.assert_non_negative(tf.reduce_min(keys),
                                          message=f"{self.name}: negative key; keys are row ids (use_hashtable=False)")
-        tf.debugging.assert_less(tf.reduce_max(tf.concat([keys, [0]], 0)), tf.constant(rows, tf.int64),
+        tf.debugging.assert_less(tf.reduce_max(keys), tf.constant(rows, tf.int64),
                                  message=f"{self.name}: key out of range [0, {rows}); keys are row ids "
                                          "(use_hashtable=False, max_vocabulary_size_per_gpu)")
 
