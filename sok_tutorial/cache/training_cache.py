@@ -63,6 +63,7 @@ Example:
 """
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -74,11 +75,20 @@ import tensorflow as tf
 from kernels import checks
 from kernels.key_index import KeyIndex
 from kernels.unique import unique
-from sok_tutorial.cache import params
 from sok_tutorial.cache.ps import ParameterServer
 from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.table import tables_of
+from sok_tutorial.training.checkpoint import (
+    checkpoints,
+    latest_checkpoint,
+    load_checkpoint,
+    read_tables,
+    save_checkpoint,
+    step_dir,
+)
+
+KEEP = 2  # saves kept by save_params_to_files
 
 
 class KeysetRemap(Transform):
@@ -377,21 +387,54 @@ class EmbeddingTrainingCache:
     def save_params_to_files(self, directory: str | Path | None = None) -> Path:
         """Write dense weights, every table row and its optimizer state under `directory`.
 
-        Each save is a new ``params-NNNNNN`` folder, complete before ``LATEST`` names it (both
-        atomic), so a crash at any moment leaves the previous save loadable. Keeps the last two.
-        The layout is in `sok_tutorial.cache.params`.
+        A save is a checkpoint (`sok_tutorial.training.save_checkpoint`: a ``step-NNNNNNNN``
+        folder, complete before its manifest makes it one, so a crash at any moment leaves the
+        previous save loadable) whose tables hold the parameter server's rows rather than the
+        device's. It loads into a model of in-memory tables as well. The last two saves stay.
         """
         root = Path(directory) if directory is not None else self.dest
         if root is None:
             raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
         if self.active:
             self._sync()
-        return params.save_params(self, root)
+        rows = {}
+        for table in self.tables:
+            keys = self.ps.keys(table.name)
+            rows[table.name] = {"keys": keys, **self._unpack(table, self.ps.pull(table.name, keys)[0])}
+        done = checkpoints(root)
+        step = int(done[-1].name.split("-")[1]) + 1 if done else 0
+        path = save_checkpoint(step_dir(root, step), self.model, self.optimizer, rows=rows,
+                               state={"passes": len(self.history)})
+        for old in checkpoints(root)[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
 
     def load_params_from_files(self, directory: str | Path) -> Path:
-        """Load the save `LATEST` names: dense weights into the model, rows into the server."""
-        folder, tables = params.load_params(self, Path(directory))
+        """Load the newest save under `directory`: dense weights into the model, rows into the server."""
+        path = latest_checkpoint(directory)
+        if path is None:
+            raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
+                                    "manifest.json, as save_params_to_files writes)")
+        load_checkpoint(path, self.model, self.optimizer, tables=False)  # checks everything, then assigns
+        saved = read_tables(path)
         self._cancel_prefetch()
         self._known = None  # the server's rows change under the cache
-        self.ps.push_tables(tables)
-        return folder
+        self.ps.push_tables({table.name: (arrays["keys"], self._pack(table, arrays))
+                             for table, arrays in zip(self.tables, saved)})
+        return path
+
+    def _pack(self, table: Any, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """A server row per key: the vector, then each optimizer slot flattened."""
+        n = len(arrays["keys"])
+        parts = [arrays["vectors"]] + [np.asarray(arrays[f"slot_{j}"]).reshape(n, -1) if f"slot_{j}" in arrays
+                                       else np.zeros((n, width), np.float32)
+                                       for j, (_, width) in enumerate(self.slots[table.name])]
+        return np.concatenate([np.asarray(p, np.float32) for p in parts], 1)
+
+    def _unpack(self, table: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
+        widths = [table.dim] + [w for _, w in self.slots[table.name]]
+        parts = np.split(rows, np.cumsum(widths)[:-1], axis=1)
+        out = {"vectors": parts[0]}
+        for j, ((slot, _), part) in enumerate(zip(self.slots[table.name], parts[1:])):
+            out[f"slot_{j}"] = part.reshape(len(rows), *slot.shape[1:]).astype(slot.dtype)
+        return out

@@ -300,8 +300,11 @@ class ShardedTable(EmbeddingTable):
     def _local_rows(self, keys: np.ndarray) -> np.ndarray:
         return keys // self.num_shards
 
-    def check(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
-        self._placement(arrays, optimizer)
+    def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
+        if fit:
+            self._placement(arrays, optimizer)
+        else:
+            super().check(arrays, optimizer, fit=False)
 
     def _placement(self, arrays: dict[str, Any], optimizer: Any) -> tuple:
         """(keys, values, variables, key_slots, {shard: positions of the keys it takes}), checked."""

@@ -348,9 +348,12 @@ class EmbeddingTable(keras.layers.Layer):
             raise ValueError(f"{self.name}: keys repeat")
         return keys, values, variables
 
-    def check(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
-        """Raise ValueError, naming what differs, if `restore` could not load `arrays`."""
+    def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
+        """Raise ValueError, naming what differs, if `restore` could not load `arrays`; with
+        ``fit=False`` only the shapes of the rows (their keys may not fit this table)."""
         keys, _, _ = self._checked(arrays, optimizer)
+        if not fit:
+            return
         if self.indexed and len(keys) > self.capacity:
             raise ValueError(f"{self.name}: {len(keys):,} keys do not fit max_vocabulary_size_per_gpu="
                              f"{self.capacity:,} rows")

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,15 +61,23 @@ def _barrier(table: EmbeddingTable) -> None:
     strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
-def _table_arrays(table: EmbeddingTable, optimizer: Any) -> dict[str, np.ndarray]:
+def _table_arrays(table: EmbeddingTable, optimizer: Any,
+                  rows: Mapping[str, dict[str, np.ndarray]] | None) -> dict[str, np.ndarray]:
+    if rows is not None and table.name in rows:
+        return dict(rows[table.name])
     arrays = table.export(optimizer)
     arrays.pop("shard")
     return arrays
 
 
 def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, *,
-                    state: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+                    state: dict[str, Any] | None = None, overwrite: bool = False,
+                    rows: Mapping[str, dict[str, np.ndarray]] | None = None) -> Path:
     """Write `model` (and `optimizer`) plus free-form `state` (step, epoch...) to `path`.
+
+    `rows` maps a table's name to the rows to save for it instead of its own, in the layout of
+    `EmbeddingTable.export` (``keys``, ``vectors``, ``slot_<j>``): the training cache saves the
+    rows of its parameter server this way, so its saves are checkpoints like any other.
 
     Tables sharded over several worker processes: every worker calls this with the same `path`
     (a directory all of them can reach); each writes the rows of its shards, and worker 0 puts
@@ -83,17 +92,18 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         staging.mkdir(parents=True, exist_ok=True)
         for i, table in enumerate(tables):
             if _partial(table):
-                np.savez(staging / f"{i}.worker{worker}.npz", **_table_arrays(table, optimizer))
+                np.savez(staging / f"{i}.worker{worker}.npz", **_table_arrays(table, optimizer, rows))
         _barrier(partial[0])  # every worker's shards are on disk
     if worker == 0:
-        _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers)
+        _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers, rows)
     if partial:
         _barrier(partial[0])  # the checkpoint is complete before anyone reads it
     return Path(path)
 
 
 def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, tables: list[Any],
-                      state: dict[str, Any] | None, overwrite: bool, staging: Path, workers: int) -> None:
+                      state: dict[str, Any] | None, overwrite: bool, staging: Path, workers: int,
+                      rows: Mapping[str, dict[str, np.ndarray]] | None) -> None:
     slot_ids = set()
     with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
         (tmp / "tables").mkdir()
@@ -107,7 +117,7 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
                     shutil.move(part, tmp / "tables" / f"{i}.worker{w}.npz")
                 keys = sum(len(np.load(tmp / "tables" / f"{i}.worker{w}.npz")["keys"]) for w in range(workers))
             else:
-                arrays = _table_arrays(table, optimizer)
+                arrays = _table_arrays(table, optimizer, rows)
                 np.savez(tmp / "tables" / f"{i}.npz", **arrays)
                 keys, parts = len(arrays["keys"]), [None]
             table_entries.append({"layer": _relative(model, table.path), "rows": table.capacity * table.num_shards,
@@ -145,31 +155,32 @@ class CheckpointMismatch(ValueError):
     """The checkpoint was written by a different model or optimizer; the message says what differs."""
 
 
-def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, *,
+                    tables: bool = True) -> dict[str, Any]:
     """Restore `model` (and `optimizer`, which must be built) from `path`; returns the saved state.
 
     Everything is read and checked first (the model's class, dense variables by name and shape,
     each table's width, keys and optimizer slots, the optimizer's other variables); only then is
-    anything assigned, so a checkpoint that does not fit leaves the model as it was.
+    anything assigned, so a checkpoint that does not fit leaves the model as it was. With
+    ``tables=False`` the tables' rows are checked for shape but left alone (`read_tables` gives
+    them): how the training cache loads a save into its parameter server.
     """
     path = Path(path)
-    if not (path / MANIFEST).is_file():
-        raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
-    manifest = json.loads((path / MANIFEST).read_text())
-    tables = tables_of(model)
+    manifest = _manifest(path)
+    owned = tables_of(model)
     problems = []
     if manifest["model"] != type(model).__name__:
         problems.append(f"model class {manifest['model']} vs {type(model).__name__}")
     saved_dense = {d["path"]: tuple(d["shape"]) for d in manifest["dense"]}
     pairs: list[tuple[str, Any]] = []
     try:  # by path without Keras' per-process numbers (dense_3 -> dense) and shape, in model order
-        pairs = match(saved_dense, {_relative(model, v.path): v for v in _dense_variables(model, tables)}, str(path))
+        pairs = match(saved_dense, {_relative(model, v.path): v for v in _dense_variables(model, owned)}, str(path))
     except ValueError as exc:
         problems.append(f"dense variables differ ({exc})")
-    if len(manifest["tables"]) != len(tables):
-        problems.append(f"{len(manifest['tables'])} embedding tables vs {len(tables)}")
+    if len(manifest["tables"]) != len(owned):
+        problems.append(f"{len(manifest['tables'])} embedding tables vs {len(owned)}")
     data = []
-    for i, (entry, table) in enumerate(zip(manifest["tables"], tables)):
+    for i, (entry, table) in enumerate(zip(manifest["tables"], owned)):
         if entry["dim"] != table.dim:
             problems.append(f"table {entry['layer']}: width {entry['dim']} vs {table.dim}")
             continue
@@ -180,11 +191,11 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
             continue
         arrays = _read_table(path, i, entry)
         try:
-            table.check(arrays, optimizer)
+            table.check(arrays, optimizer, fit=tables)
         except ValueError as exc:
             problems.append(f"table {entry['layer']}: {exc}")
         data.append(arrays)
-    slot_ids = {id(s) for table in tables for s in table.optimizer_slots(optimizer)}
+    slot_ids = {id(s) for table in owned for s in table.optimizer_slots(optimizer)}
     others = [v for v in optimizer.variables if id(v) not in slot_ids] if optimizer is not None and optimizer.built \
         else []
     saved_optimizer = np.load(path / "optimizer.npz") if others else None
@@ -199,11 +210,24 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None) 
     dense, position = np.load(path / "dense.npz"), {name: i for i, name in enumerate(saved_dense)}
     for name, v in pairs:
         v.assign(dense[f"v{position[name]}"])
-    for arrays, table in zip(data, tables):
+    for arrays, table in zip(data if tables else [], owned):
         table.restore(arrays, optimizer)
     for i, v in enumerate(others):
         v.assign(saved_optimizer[f"v{i}"])
     return manifest["state"]
+
+
+def _manifest(path: Path) -> dict[str, Any]:
+    if not (path / MANIFEST).is_file():
+        raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
+    return json.loads((path / MANIFEST).read_text())
+
+
+def read_tables(path: str | os.PathLike) -> list[dict[str, np.ndarray]]:
+    """The rows of every table saved in the checkpoint at `path`, in the model's order of tables
+    (`tables_of`), each in the layout of `EmbeddingTable.export`."""
+    path = Path(path)
+    return [_read_table(path, i, entry) for i, entry in enumerate(_manifest(path)["tables"])]
 
 
 def checkpoints(directory: str | os.PathLike) -> list[Path]:

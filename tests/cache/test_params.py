@@ -1,6 +1,7 @@
 """Saving and loading the cache's parameters into another instance of the model."""
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -11,6 +12,7 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.cache import EmbeddingTrainingCache, HostMemoryPS  # noqa: E402
+from sok_tutorial.training.checkpoint import read_tables  # noqa: E402
 
 ROWS, SLOTS = 64, 3
 
@@ -54,9 +56,13 @@ def test_save_loads_into_a_second_instance_whatever_keras_numbered(tmp_path):
     cache.write_back()
     expected = model.predict(batch, verbose=0)
     saved = cache.save_params_to_files(tmp_path / "params")
-    with np.load(saved / "dense.npz") as arrays:  # relative to the model: without its own name
-        assert any(re.fullmatch(r"model/dense(_\d+)?/kernel", n) for n in arrays.files)  # relative to the model
-    assert not any(model.name in n for n in arrays.files)
+    paths = [d["path"] for d in json.loads((saved / "manifest.json").read_text())["dense"]]
+    assert any(re.fullmatch(r"dense(_\d+)?/kernel", p) for p in paths)  # relative to the model:
+    assert not any(model.name in p for p in paths)  # without its own, auto-numbered name
+    (rows,) = read_tables(saved)  # a checkpoint like any other, its table rows from the server
+    np.testing.assert_array_equal(rows["keys"], cache.ps.keys("table"))
+    packed = cache.ps.pull("table", rows["keys"])[0]
+    np.testing.assert_array_equal(np.concatenate([rows["vectors"], rows["slot_0"].reshape(len(keys), -1)], 1), packed)
 
     keras.utils.set_random_seed(1)  # other initial weights, other auto-numbers
     twin = build()
@@ -80,8 +86,8 @@ def test_a_save_of_another_architecture_names_what_differs(tmp_path):
     cache.save_params_to_files(tmp_path / "params")
     other = build(hidden=16)
     before = [v.numpy() for v in other.variables]
-    with pytest.raises(ValueError, match=r"only in the save: model/dense/kernel \[12, 8\], .*; "
-                                         r"only in the model: model/dense/kernel \[12, 16\], "):
+    with pytest.raises(ValueError, match=r"only in the save: dense/kernel \[12, 8\], .*; "
+                                         r"only in the model: dense/kernel \[12, 16\], "):
         EmbeddingTrainingCache(other, HostMemoryPS(), device_capacity_rows=ROWS, train_from_scratch=False,
                                dest_sparse_models=tmp_path / "params")
     for a, b in zip(before, other.variables):  # nothing was assigned
