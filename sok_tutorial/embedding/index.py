@@ -20,26 +20,26 @@ shrinking rest. New keys (distinct, absent) take rows ``size, size + 1, ...`` in
 and each claims the empty slot its lookup ended on. When several new keys claim one slot, one
 scatter decides, a gather back tells each key whether it won, and the losers probe on.
 
-Measured on the 2-core machine (``benchmarks/embedding.py``, ``index_*`` cases), for one step of
-26 x 8192 Zipf(1.1) keys into a table of 10M rows (114k distinct keys a step, ~67k of them new
-in the first steps):
+Measured on the 2-core machine (``benchmarks/embedding.py``, ``index`` cases; median over 3
+rounds of 20 steps), for each step's distinct keys of 26 x 8192 Zipf(1.1) keys (114,610 on
+average, ~67k of them new in these first steps) going into an empty index of 10M rows:
 
-    ====================================================  ==========================
-    index, per step (after the keys are deduplicated)      lookup + insert, ms
-    ====================================================  ==========================
-    this one (variables, gathers, scatters)                ~12 (lookup alone ~5)
-    ``tf.lookup.experimental.DenseHashTable``              ~14
-    ``tf.lookup.experimental.MutableHashTable``            ~28 (lookup alone ~7)
-    sorted keys and ``tf.searchsorted``                    ~34 for the lookup alone
-    ====================================================  ==========================
+    ====================================================  ===============  ===========
+    index                                                  lookup + insert  lookup only
+    ====================================================  ===============  ===========
+    this one (variables, gathers, scatters)                13.3 ms          7.7 ms
+    ``tf.lookup.experimental.DenseHashTable``              16.7 ms          8.2 ms
+    ``tf.lookup.experimental.MutableHashTable``            32.9 ms          6.7 ms
+    ====================================================  ===============  ===========
 
 The two lookup-table resources have CPU kernels only (on a GPU, keys would cross to the host
 and rows back every step), reserve sentinel keys (``DenseHashTable``), and live outside
 ``tf.distribute``'s variables, so every replica would need a resource of its own.
 
 Rows are handed out in order of first sight, so the rows a step touches sit in the front of the
-table, hot keys first, rather than spread over all of it. On the benchmark, gathering and
-scattering them costs ~5 ms less per step than it does in a static table with the same keys.
+table, hot keys first, rather than spread over all of it: gathering and scattering them is
+cheaper than in a static table with the same keys, which is why a dynamic table with LazyAdam
+trains faster than the static one on the benchmark (``torchrec_shape`` cases).
 
 On a GPU every op here has a GPU kernel (gathers, scatters, bitwise arithmetic on uint64,
 ``tf.where``). What crosses to the host is the control flow: the size of each

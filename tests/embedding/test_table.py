@@ -201,3 +201,25 @@ def test_replicas_of_a_dynamic_table_assign_the_same_rows(strategy_of):
     for a, b in zip(copies[0::2], copies[1::2]):
         np.testing.assert_array_equal(a, b)
     assert table.size == 3 and sorted(table.export()["keys"].tolist()) == [5, 9, 2**62]
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
+    from sok_tutorial.training import CheckpointMismatch
+
+    source = _model()
+    source.compile(sok.optimizers.Adam(0.05), "mse")
+    for x, y in _batches(3, 2):
+        source.fit(x, y, verbose=0, shuffle=False)
+    save_checkpoint(tmp_path / "ckpt", source, source.optimizer)
+    small = _model(capacity=100)  # 192 keys saved: they do not fit 100 rows
+    momentum = _model()  # momentum SGD keeps one [rows, 4] slot where Adam kept a [rows, 8] one
+    for model, optimizer, message in ((small, sok.optimizers.Adam(0.05), "192 keys do not fit .*=100 rows"),
+                                      (momentum, sok.optimizers.SGD(0.1, momentum=0.9),
+                                       r"slot_0 has shape \(192, 8\), expected \(192, 4\)")):
+        model.compile(optimizer, "mse")
+        model.fit(*_batches(4, 1)[0], verbose=0)
+        before = [v.numpy().copy() for v in model.variables + model.optimizer.variables]
+        with pytest.raises(CheckpointMismatch, match=f"table items/items: items: {message}"):
+            load_checkpoint(tmp_path / "ckpt", model, model.optimizer)
+        for v, b in zip(model.variables + model.optimizer.variables, before):
+            np.testing.assert_array_equal(v.numpy(), b)
