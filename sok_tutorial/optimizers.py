@@ -5,7 +5,7 @@ own optimizers turn it into a dense tensor the size of the whole table and updat
 (and every slot) each step. These subclasses of the Keras optimizers apply the very same update
 formulas to the touched rows only: one gather and one scatter of the rows and one of each slot
 variable, and every other row and its slots stay bit-identical. A table's own gradient
-(`sok_tutorial.embedding.table.UniqueRowsGradient`) already holds distinct rows with summed
+(`sok_tutorial.embedding.ops.UniqueRowsGradient`) already holds distinct rows with summed
 gradients; any other sparse gradient is first deduplicated (``tf.unique``, then one sparse
 matrix product sums the repeats). Dense gradients go to the Keras implementation unchanged, so
 one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``.
@@ -25,7 +25,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from sok_tutorial.embedding.table import UniqueRowsGradient, sum_by_position, table_of
+from sok_tutorial.embedding.ops import UniqueRowsGradient, sum_by_position
+from sok_tutorial.embedding.table import table_of
 
 
 def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:

@@ -176,20 +176,29 @@ class EmbeddingTrainingCache:
 
     # ------------------------------------------------------------------ layout
     def _read(self, table: Any, n: int) -> np.ndarray:
-        index = tf.range(n)
-        parts = [tf.gather(table.variable.value, index)]
-        parts += [tf.reshape(tf.gather(v.value, index), [n, -1]) for v, _ in self.slots[table.name]]
-        return tf.concat([tf.cast(p, tf.float32) for p in parts], 1).numpy()  # (n, width)
+        """Server rows of the device table's rows ``0 .. n-1``."""
+        return self._pack(table, table.read(np.arange(n), self.optimizer))
 
     def _write(self, table: Any, rows: np.ndarray) -> None:
-        """Scatter `rows` into rows ``0 .. n-1`` (a scatter of n rows; a slice assign costs ~3x)."""
-        n, index = len(rows), tf.range(len(rows))
-        variables = [table.variable] + [v for v, _ in self.slots[table.name]]
+        """Server `rows` into the device table's rows ``0 .. n-1`` (a scatter of n rows; a slice
+        assign costs ~3x)."""
+        table.write(np.arange(len(rows)), self._unpack(table, rows), self.optimizer)
+
+    def _pack(self, table: Any, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """A server row per key: the vector, then each optimizer slot flattened."""
+        n = len(arrays["vectors"])
+        parts = [arrays["vectors"]] + [np.asarray(arrays[f"slot_{j}"]).reshape(n, -1) if f"slot_{j}" in arrays
+                                       else np.zeros((n, width), np.float32)
+                                       for j, (_, width) in enumerate(self.slots[table.name])]
+        return np.concatenate([np.asarray(p, np.float32) for p in parts], 1)
+
+    def _unpack(self, table: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
         widths = [table.dim] + [w for _, w in self.slots[table.name]]
-        for variable, part in zip(variables, tf.split(tf.constant(rows), widths, axis=1)):
-            variable = variable.value
-            part = tf.cast(tf.reshape(part, [n, *variable.shape[1:]]), variable.dtype)
-            variable.scatter_update(tf.IndexedSlices(part, index))
+        parts = np.split(rows, np.cumsum(widths)[:-1], axis=1)
+        out = {"vectors": parts[0]}
+        for j, ((slot, _), part) in enumerate(zip(self.slots[table.name], parts[1:])):
+            out[f"slot_{j}"] = part.reshape(len(rows), *slot.shape[1:]).astype(slot.dtype)
+        return out
 
     # ------------------------------------------------------------------ passes
     @property
@@ -422,19 +431,3 @@ class EmbeddingTrainingCache:
         self.ps.push_tables({table.name: (arrays["keys"], self._pack(table, arrays))
                              for table, arrays in zip(self.tables, saved)})
         return path
-
-    def _pack(self, table: Any, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        """A server row per key: the vector, then each optimizer slot flattened."""
-        n = len(arrays["keys"])
-        parts = [arrays["vectors"]] + [np.asarray(arrays[f"slot_{j}"]).reshape(n, -1) if f"slot_{j}" in arrays
-                                       else np.zeros((n, width), np.float32)
-                                       for j, (_, width) in enumerate(self.slots[table.name])]
-        return np.concatenate([np.asarray(p, np.float32) for p in parts], 1)
-
-    def _unpack(self, table: Any, rows: np.ndarray) -> dict[str, np.ndarray]:
-        widths = [table.dim] + [w for _, w in self.slots[table.name]]
-        parts = np.split(rows, np.cumsum(widths)[:-1], axis=1)
-        out = {"vectors": parts[0]}
-        for j, ((slot, _), part) in enumerate(zip(self.slots[table.name], parts[1:])):
-            out[f"slot_{j}"] = part.reshape(len(rows), *slot.shape[1:]).astype(slot.dtype)
-        return out

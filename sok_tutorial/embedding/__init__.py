@@ -11,7 +11,8 @@ from sok_tutorial.embedding.sharding import (
            replica_bytes,
            rows_per_replica,
 )
-from sok_tutorial.embedding.table import EmbeddingTable, UniqueRowsGradient, table_of, tables_of
+from sok_tutorial.embedding.ops import UniqueRowsGradient
+from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer", "OptimizerScope",

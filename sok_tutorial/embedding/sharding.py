@@ -56,15 +56,8 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.initializers import KeyedInitializer
-from sok_tutorial.embedding.table import (
-    EmbeddingTable,
-    in_shape_trace,
-    all_gather,
-    expand,
-    gather_rows,
-    inserting,
-    local_components,
-)
+from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components
+from sok_tutorial.embedding.table import EmbeddingTable
 
 SHARDINGS = ("replicated", "row", "table")
 EXCHANGES = ("all_gather", "all_reduce")
@@ -239,15 +232,19 @@ class ShardedTable(EmbeddingTable):
         all_keys = all_gather(context, keys, counts)
         all_slots = all_gather(context, slots, counts) if slots is not None else None
         mine = tf.where(tf.equal(self.owner_of(all_keys, all_slots), me))[:, 0]
-        unique, position = tf.unique(tf.gather(all_keys, mine), out_idx=tf.int32)
-        unique_slots = None if all_slots is None else tf.math.unsorted_segment_max(
-            tf.gather(all_slots, mine), position, tf.size(unique))  # a key's slots agree (disjoint keys)
-        rows, found = self._owned_rows(unique, unique_slots, insert)
-        vectors = gather_rows(self.variable.value, rows)
-        if found is not None:
-            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
-        start = tf.reduce_sum(counts[:me])
-        return self._exchange(context, expand(vectors, position), mine, start, counts)
+        owned_slots = None if all_slots is None else tf.gather(all_slots, mine)
+        owned = self._owned_vectors(tf.gather(all_keys, mine), owned_slots, insert)
+        return self._exchange(context, owned, mine, tf.reduce_sum(counts[:me]), counts)
+
+    def _owned_vectors(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool,
+                       component: int | None = None) -> tf.Tensor:
+        """Vectors of `keys` (with repeats) that this shard owns: deduplicated, looked up, repeated."""
+        unique, position = tf.unique(keys, out_idx=tf.int32)
+        unique_slots = None if slots is None else tf.math.unsorted_segment_max(
+            slots, position, tf.size(unique))  # a key's slots agree (slots use disjoint keys)
+        rows, found = self._owned_rows(unique, unique_slots, insert, component)
+        variable = self.variable.value if component is None else local_components(self.variable)[component]
+        return self._vectors(variable, rows, found, position)
 
     def _exchange(self, context: Any, owned: tf.Tensor, mine: tf.Tensor, start: tf.Tensor,
                   counts: tf.Tensor) -> tf.Tensor:
@@ -281,14 +278,9 @@ class ShardedTable(EmbeddingTable):
         out = tf.zeros([tf.size(keys), self.dim], self.variable.dtype)
         for component, shard in enumerate(self.local_shards):
             where = tf.where(tf.equal(owners, shard))
-            unique, position = tf.unique(tf.gather_nd(keys, where), out_idx=tf.int32)
-            unique_slots = None if slots is None else tf.math.unsorted_segment_max(
-                tf.gather_nd(slots, where), position, tf.size(unique))
-            rows, found = self._owned_rows(unique, unique_slots, insert, component)
-            values = tf.gather(local_components(self.variable)[component], rows)
-            if found is not None:
-                values = values * tf.cast(found, values.dtype)[:, None]
-            out = tf.tensor_scatter_nd_update(out, where, tf.gather(values, position))
+            shard_slots = None if slots is None else tf.gather_nd(slots, where)
+            values = self._owned_vectors(tf.gather_nd(keys, where), shard_slots, insert, component)
+            out = tf.tensor_scatter_nd_update(out, where, values)
         return out
 
     # ------------------------------------------------------------------ export/restore

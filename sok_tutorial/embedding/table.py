@@ -18,8 +18,8 @@ Keys are deduplicated first, so the index and the gather see every distinct key 
 of 26 x 8192 Zipf keys holds ~114k distinct among 213k). The gradient flows back the same way:
 the expand's gradient sums the K rows of upstream gradient into U with one sparse matrix
 product (4.3 ms a step against 9.2 ms for ``tf.math.unsorted_segment_sum`` on our 2-core
-machine: ``benchmarks/embedding.py``, ``reduce``). The table
-receives a `UniqueRowsGradient`, which tells the sparse optimizers that its rows are distinct
+machine: ``benchmarks/embedding.py``, ``reduce``). The table receives a `UniqueRowsGradient`
+(`sok_tutorial.embedding.ops`), which tells the sparse optimizers that its rows are distinct
 and already summed, so they skip their own deduplication. Where TensorFlow combines gradients
 (a table looked up twice in one step, or all-reduced over replicas), it arrives as a plain
 ``tf.IndexedSlices`` and the optimizers deduplicate it as before.
@@ -49,38 +49,9 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values,
     keyed_initial_values_tf,
 )
-
-try:  # whether any gradient tape is recording (TensorFlow has no public call for it)
-    from tensorflow.python.eager.record import could_possibly_record as _recording
-except ImportError:  # older TensorFlow kept it in tape.py
-    from tensorflow.python.eager.tape import could_possibly_record as _recording
+from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
 
 _OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
-
-
-class UniqueRowsGradient(tf.IndexedSlices):
-    """The gradient of one table lookup: distinct ``indices``, each row's gradient summed."""
-
-
-def in_shape_trace(variable: Any) -> bool:
-    """Keras traces a layer only for its output shapes (``compute_output_spec``, a stateless scope):
-    its variables stand for placeholder tensors, and no state may be read or written."""
-    return not isinstance(variable.value, tf.Variable)
-
-
-def inserting(training: Any) -> bool:
-    """Whether a call gives new keys rows: in training, not in inference.
-
-    ``training=True`` or ``False`` decides. ``None`` is what Keras passes both when it serves a
-    model (``model(x)``, the endpoint of ``model.export``) and when ``model.fit`` trains a model
-    whose ``call`` takes no ``training`` argument; what tells them apart is a gradient tape
-    recording the call (every training step has one), so ``None`` inserts exactly then.
-    """
-    if training is None:
-        return bool(_recording())
-    if isinstance(training, (bool, np.bool_)):
-        return bool(training)
-    return True  # a tensor: only a training step passes one
 
 
 def table_of(variable: Any) -> EmbeddingTable | None:
@@ -95,72 +66,6 @@ def tables_of(model: Any) -> list[EmbeddingTable]:
         return [model]
     found = [layer for layer in model._flatten_layers(include_self=True) if isinstance(layer, EmbeddingTable)]
     return list({id(t): t for t in found}.values())
-
-
-def local_components(variable: Any) -> list[Any]:
-    """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
-    value = getattr(variable, "value", variable)
-    return list(getattr(value, "values", None) or [value])
-
-
-def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
-    """``context.all_gather(values, 0)``, also when every replica's `values` is empty (TensorFlow's
-    collective crashes the process then): each replica sends one padding row more, dropped after.
-    `sizes`: each replica's number of rows, when already gathered (else one more collective)."""
-    if sizes is None:
-        sizes = context.all_gather(tf.shape(values, out_type=tf.int64)[:1], 0)  # (replicas,)
-    pad = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
-    gathered = context.all_gather(tf.concat([values, pad], 0), 0)
-    padding = tf.cumsum(tf.cast(sizes, tf.int64) + 1) - 1
-    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(gathered)[:1], tf.bool), padding[:, None],
-                                       tf.zeros_like(padding, tf.bool))
-    return tf.boolean_mask(gathered, keep)
-
-
-def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``."""
-    k = tf.shape(position, out_type=tf.int64)[0]
-    flat = tf.reshape(values, tf.stack([k, -1]))
-    pick = tf.SparseTensor(tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1), tf.ones([k], values.dtype),
-                           tf.stack([k, tf.cast(count, tf.int64)]))
-    out = tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
-    return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
-
-
-def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
-    """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`)."""
-    @tf.custom_gradient
-    def gather(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        def grad(upstream: tf.Tensor) -> tf.Tensor:
-            return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0])
-        return tf.gather(vectors, position), grad
-    return gather(vectors)
-
-
-def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
-    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`.
-
-    The rows are read by an ordinary gather (which makes gradient tapes watch the variable) whose
-    own gradient is stopped; an identity that takes the variable's handle as an input gives the
-    handle, and so the variable, the gradient instead. A ``tf.custom_gradient`` that read the
-    variable itself would make TensorFlow read the whole table in graph mode, every step. Outside
-    a gradient tape, and for a distributed variable outside its replicas (which has no handle),
-    it is the plain gather.
-    """
-    if not _recording():
-        return tf.gather(variable, rows)
-    try:
-        handle = variable.handle
-    except ValueError:
-        return tf.gather(variable, rows)
-
-    @tf.custom_gradient
-    def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
-        def grad(upstream: tf.Tensor) -> tuple[UniqueRowsGradient, None]:
-            shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
-            return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
-        return tf.identity(values), grad
-    return attach(handle, tf.stop_gradient(tf.gather(variable, rows)))
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -287,10 +192,16 @@ class EmbeddingTable(keras.layers.Layer):
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
         unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
         rows, found = self.rows(unique, insert=inserting(training), share=self._share())
-        vectors = gather_rows(self.variable.value, rows)
+        vectors = self._vectors(self.variable.value, rows, found, position)
+        return tf.reshape(vectors, tf.concat([tf.shape(keys), [self.dim]], 0))
+
+    @staticmethod
+    def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor) -> tf.Tensor:
+        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`."""
+        vectors = gather_rows(variable, rows)
         if found is not None:
             vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
-        return tf.reshape(expand(vectors, position), tf.concat([tf.shape(keys), [self.dim]], 0))
+        return expand(vectors, position)
 
     def call(self, keys: Any, training: Any = None) -> tf.Tensor:
         return self.lookup(keys, training)
@@ -345,16 +256,18 @@ class EmbeddingTable(keras.layers.Layer):
                 raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (rows of "
                                  f"{variable.path})")
             values.append(value)
-        if len(np.unique(keys)) != len(keys):
-            raise ValueError(f"{self.name}: keys repeat")
+        if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()) and len(np.unique(keys)) != len(keys):
+            raise ValueError(f"{self.name}: keys repeat")  # (keys in increasing order are distinct)
         return keys, values, variables
 
     def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
         """Raise ValueError, naming what differs, if `restore` could not load `arrays`; with
         ``fit=False`` only the shapes of the rows (their keys may not fit this table)."""
         keys, _, _ = self._checked(arrays, optimizer)
-        if not fit:
-            return
+        if fit:
+            self._check_fit(keys)
+
+    def _check_fit(self, keys: np.ndarray) -> None:
         if self.indexed and len(keys) > self.capacity:
             raise ValueError(f"{self.name}: {len(keys):,} keys do not fit max_vocabulary_size_per_gpu="
                              f"{self.capacity:,} rows")
@@ -366,8 +279,9 @@ class EmbeddingTable(keras.layers.Layer):
         """Load rows by key, as `export` writes them: a dynamic table takes rows ``0 .. n-1`` in the
         order given and keeps assigning new keys from ``n``; a table of row ids takes each key's row.
         Everything is checked (`check`) before anything is written."""
-        self.check(arrays, optimizer)
-        self._assign(0, *self._checked(arrays, optimizer))
+        keys, values, variables = self._checked(arrays, optimizer)
+        self._check_fit(keys)
+        self._assign(0, keys, values, variables)
 
     def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
         """Write `keys` and their rows into one local shard (rebuilding its index)."""

@@ -1,0 +1,113 @@
+"""The TensorFlow pieces of a table lookup, and of a table spread over replicas.
+
+* `gather_rows` reads distinct rows of a table's variable; its gradient is a
+  `UniqueRowsGradient`, which tells the sparse optimizers that the rows are distinct and their
+  gradients summed. `expand` repeats those rows for every key of the batch, and its gradient
+  sums the repeats with one sparse matrix product (`sum_by_position`).
+* `inserting` decides whether a call gives new keys rows (training) or not (inference).
+* `all_gather` is ``ReplicaContext.all_gather`` that also survives every replica sending
+  nothing; `local_components` are the per-device variables behind a mirrored one.
+* `in_shape_trace` tells when Keras traces a layer only for its output shapes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+try:  # whether any gradient tape is recording (TensorFlow has no public call for it)
+    from tensorflow.python.eager.record import could_possibly_record as _recording
+except ImportError:  # older TensorFlow kept it in tape.py
+    from tensorflow.python.eager.tape import could_possibly_record as _recording
+
+
+class UniqueRowsGradient(tf.IndexedSlices):
+    """The gradient of one table lookup: distinct ``indices``, each row's gradient summed."""
+
+
+def in_shape_trace(variable: Any) -> bool:
+    """Keras traces a layer only for its output shapes (``compute_output_spec``, a stateless scope):
+    its variables stand for placeholder tensors, and no state may be read or written."""
+    return not isinstance(variable.value, tf.Variable)
+
+
+def inserting(training: Any) -> bool:
+    """Whether a call gives new keys rows: in training, not in inference.
+
+    ``training=True`` or ``False`` decides. ``None`` is what Keras passes both when it serves a
+    model (``model(x)``, the endpoint of ``model.export``) and when ``model.fit`` trains a model
+    whose ``call`` takes no ``training`` argument; what tells them apart is a gradient tape
+    recording the call (every training step has one), so ``None`` inserts exactly then.
+    """
+    if training is None:
+        return bool(_recording())
+    if isinstance(training, (bool, np.bool_)):
+        return bool(training)
+    return True  # a tensor: only a training step passes one
+
+
+def local_components(variable: Any) -> list[Any]:
+    """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
+    value = getattr(variable, "value", variable)
+    return list(getattr(value, "values", None) or [value])
+
+
+def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
+    """``context.all_gather(values, 0)``, also when every replica's `values` is empty (TensorFlow's
+    collective crashes the process then): each replica sends one padding row more, dropped after.
+    `sizes`: each replica's number of rows, when already gathered (else one more collective)."""
+    if sizes is None:
+        sizes = context.all_gather(tf.shape(values, out_type=tf.int64)[:1], 0)  # (replicas,)
+    pad = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
+    gathered = context.all_gather(tf.concat([values, pad], 0), 0)
+    padding = tf.cumsum(tf.cast(sizes, tf.int64) + 1) - 1
+    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(gathered)[:1], tf.bool), padding[:, None],
+                                       tf.zeros_like(padding, tf.bool))
+    return tf.boolean_mask(gathered, keep)
+
+
+def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+    """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``."""
+    k = tf.shape(position, out_type=tf.int64)[0]
+    flat = tf.reshape(values, tf.stack([k, -1]))
+    pick = tf.SparseTensor(tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1), tf.ones([k], values.dtype),
+                           tf.stack([k, tf.cast(count, tf.int64)]))
+    out = tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
+    return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
+
+
+def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+    """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`)."""
+    @tf.custom_gradient
+    def gather(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def grad(upstream: tf.Tensor) -> tf.Tensor:
+            return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0])
+        return tf.gather(vectors, position), grad
+    return gather(vectors)
+
+
+def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
+    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`.
+
+    The rows are read by an ordinary gather (which makes gradient tapes watch the variable) whose
+    own gradient is stopped; an identity that takes the variable's handle as an input gives the
+    handle, and so the variable, the gradient instead. A ``tf.custom_gradient`` that read the
+    variable itself would make TensorFlow read the whole table in graph mode, every step. Outside
+    a gradient tape, and for a distributed variable outside its replicas (which has no handle),
+    it is the plain gather.
+    """
+    if not _recording():
+        return tf.gather(variable, rows)
+    try:
+        handle = variable.handle
+    except ValueError:
+        return tf.gather(variable, rows)
+
+    @tf.custom_gradient
+    def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        def grad(upstream: tf.Tensor) -> tuple[UniqueRowsGradient, None]:
+            shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
+            return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
+        return tf.identity(values), grad
+    return attach(handle, tf.stop_gradient(tf.gather(variable, rows)))
