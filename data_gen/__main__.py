@@ -70,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError, OSError) as exc:  # bad input: its message, not a traceback
+        print(f"python -m data_gen {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     progress = not args.quiet
     if args.command == "criteo":

@@ -26,7 +26,7 @@ import pyarrow.csv as pcsv
 
 from data_gen.criteo import CAT_NAMES, CONT_NAMES, LABEL_NAME
 from kernels import checks
-from sok_tutorial.atomic import abort_directory, begin_directory, commit_directory
+from sok_tutorial.atomic import abort_directory, begin_directory, check_destination, commit_directory
 from sok_tutorial.data.categorify import Categorify
 from sok_tutorial.data.parallel import parallel_map
 from sok_tutorial.data.schema import ColumnSchema, Schema, write_file_list
@@ -228,6 +228,7 @@ def preprocess_criteo(inputs: Sequence[str | Path], out_dir: str | Path, *, min_
     cat_columns = CAT_NAMES + [f"{a}_{b}" for a, b in crosses]
     if categorify is not None and categorify.columns != cat_columns:
         raise ValueError(f"categorify covers {categorify.columns}, expected {cat_columns}")
+    check_destination(out_dir, overwrite=overwrite, inputs=inputs)  # before hours of reading
 
     stats = parallel_map(_stats_task, [(p, cat_columns, crosses, min_count, on_bad_lines) for p in inputs],
                          scheduler=scheduler, n_workers=n_workers, progress=progress, desc="criteo stats")
@@ -247,7 +248,7 @@ def preprocess_criteo(inputs: Sequence[str | Path], out_dir: str | Path, *, min_
                     + [ColumnSchema(n, "continuous", "float32") for n in CONT_NAMES]
                     + [ColumnSchema(n, "categorical", "int64", cardinality=cards[n], key_offset=int(o))
                        for n, o in zip(cat_columns, offsets)])
-    tmp = begin_directory(out_dir, overwrite=overwrite)
+    tmp = begin_directory(out_dir, overwrite=overwrite, inputs=inputs)
     try:
         tasks = [(src, tmp / f"part-{i:05d}.parquet", schema, categorify, crosses, mean.astype(np.float32),
                   std.astype(np.float32), on_bad_lines, row_group_size, keysets) for i, src in enumerate(inputs)]

@@ -16,7 +16,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 from kernels import checks
-from sok_tutorial.atomic import abort_directory, begin_directory, commit_directory
+from sok_tutorial.atomic import abort_directory, begin_directory, check_destination, commit_directory
 from sok_tutorial.data.categorify import Categorify
 from sok_tutorial.data.parallel import parallel_map
 from sok_tutorial.data.schema import Schema, write_file_list
@@ -51,6 +51,15 @@ def _column_names(cat_names: Sequence[str], cont_names: Sequence[str], label_nam
     if not names:
         raise ValueError("no columns selected: pass cat_names, cont_names, label_names and/or list_names")
     return names
+
+
+def _input_paths(data: Any) -> list[Any]:
+    """The files or directories `data` names (what an output must not overwrite)."""
+    if isinstance(data, (str, os.PathLike)):
+        return [data]
+    if isinstance(data, (list, tuple)) and all(isinstance(d, (str, os.PathLike)) for d in data):
+        return list(data)
+    return []
 
 
 def _chunks_of(data: Any, chunk_size: int, columns: list[str]) -> tuple[Iterable[Any], int | None, bool]:
@@ -118,6 +127,8 @@ def to_parquet_dataset(data: Any, out_dir: str | os.PathLike, *, cat_names: Sequ
     """
     columns = _column_names(cat_names, cont_names, label_names, list_names)
     checks.positive_int("chunk_size", chunk_size)
+    inputs = _input_paths(data)
+    check_destination(out_dir, overwrite=overwrite, arg="out_dir", inputs=inputs)  # before any pass over data
     chunks, known_total, reiterable = _chunks_of(data, chunk_size, columns)
     total_rows = total_rows if total_rows is not None else known_total
     if categorify is not None and not categorify.fitted:
@@ -141,7 +152,7 @@ def to_parquet_dataset(data: Any, out_dir: str | os.PathLike, *, cat_names: Sequ
                                       label_names=label_names, list_names=list_names, cardinalities=cards)
                 writer = DatasetWriter(out_dir, schema, num_parts=num_parts, total_rows=total_rows,
                                        row_group_size=row_group_size, keyset_columns=keyset_columns,
-                                       metadata=metadata, overwrite=overwrite, arg="out_dir")
+                                       metadata=metadata, overwrite=overwrite, arg="out_dir", inputs=inputs)
             writer.write(table)
             bar.update(table.num_rows)
         if writer is None:
@@ -203,6 +214,7 @@ def convert_files(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike
         raise FileNotFoundError(f"files: input file(s) not found: {missing}")
     columns = _column_names(cat_names, cont_names, label_names, list_names)
     checks.positive_int("chunk_size", chunk_size)
+    check_destination(out_dir, overwrite=overwrite, arg="out_dir", inputs=files)  # before the fit pass
     if categorify is not None and not categorify.fitted:
         partials = parallel_map(_count_file, [(f, categorify, chunk_size) for f in files], scheduler=scheduler,
                                 n_workers=n_workers, progress=progress, desc="categorify fit")
@@ -217,7 +229,7 @@ def convert_files(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     schema = Schema.infer(first.schema, cat_names=cat_names, cont_names=cont_names, label_names=label_names,
                           list_names=list_names, cardinalities=cards)
     schema.metadata.update(metadata or {})
-    tmp = begin_directory(out_dir, overwrite=overwrite, arg="out_dir")
+    tmp = begin_directory(out_dir, overwrite=overwrite, arg="out_dir", inputs=files)
     try:
         tasks = [(src, tmp / f"part-{i:05d}.parquet", schema, categorify, chunk_size, row_group_size,
                   list(keyset_columns), compression) for i, src in enumerate(files)]

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.atomic import atomic_directory
+from sok_tutorial.atomic import atomic_directory, check_destination
 from sok_tutorial.data.schema import resolve_files
 from sok_tutorial.progress import progress_bar
 
@@ -95,6 +95,7 @@ def write_tfrecords(paths_or_dataset: Any, out_dir: str | Path, *, label_names: 
     """Write each parquet file as ``part-*.tfrecords`` in `out_dir` (atomically). Returns the files."""
     files = resolve_files(paths_or_dataset)
     checks.positive_int("chunk_rows", chunk_rows)
+    check_destination(out_dir, overwrite=overwrite, inputs=files)
     columns = [*label_names, *cat_names, *cont_names, *list_names]
     slots = {}
     for name in list_names:
@@ -103,7 +104,7 @@ def write_tfrecords(paths_or_dataset: Any, out_dir: str | Path, *, label_names: 
     total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     bar = progress_bar(progress, total=total, desc=f"-> {Path(out_dir).name} (tfrecords)", unit="row")
     outputs = []
-    with atomic_directory(out_dir, overwrite=overwrite) as tmp:
+    with atomic_directory(out_dir, overwrite=overwrite, inputs=files) as tmp:
         for i, path in enumerate(files):
             target = tmp / f"part-{i:05d}.tfrecords"
             with tf.io.TFRecordWriter(str(target)) as writer:

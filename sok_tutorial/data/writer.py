@@ -178,6 +178,7 @@ class DatasetWriter:
         keyset_columns: categorical/list columns whose unique keys go into ``<part>.keyset``.
         metadata: stored in ``schema.json`` (generator parameters, oracle AUC...).
         arg: the caller's name for ``path``, used in error messages.
+        inputs: files the caller reads while writing; ``overwrite`` never deletes a directory holding one.
 
     Example:
         >>> import tempfile, pathlib, numpy as np
@@ -194,7 +195,8 @@ class DatasetWriter:
     def __init__(self, path: str | os.PathLike, schema: Schema, *, num_parts: int = 1,
                  total_rows: int | None = None, row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
                  keyset_columns: Sequence[str] = (), compression: str = "snappy",
-                 metadata: dict[str, Any] | None = None, overwrite: bool = False, arg: str = "path"):
+                 metadata: dict[str, Any] | None = None, overwrite: bool = False, arg: str = "path",
+                 inputs: Sequence[Any] = ()):
         self.path = Path(path)
         self.schema = Schema(schema.columns, (), {**schema.metadata, **(metadata or {})})
         self.num_parts = checks.positive_int("num_parts", num_parts)
@@ -202,7 +204,7 @@ class DatasetWriter:
         if self.total_rows is not None and self.total_rows < self.num_parts:
             raise ValueError(f"num_parts={num_parts} is more than total_rows={total_rows}: parts would be empty")
         checks.positive_int("row_group_size", row_group_size)
-        self._tmp = begin_directory(self.path, overwrite=overwrite, arg=arg)
+        self._tmp = begin_directory(self.path, overwrite=overwrite, arg=arg, inputs=inputs)
         try:
             self._parts = [PartWriter(self._tmp / f"part-{i:05d}.parquet", self.schema,
                                       row_group_size=row_group_size, compression=compression,
@@ -219,6 +221,9 @@ class DatasetWriter:
 
     def write(self, chunk: Any) -> None:
         """Append a chunk of rows (Table, RecordBatch, DataFrame or dict of arrays)."""
+        if self._closed:
+            raise RuntimeError(f"DatasetWriter(path={str(self.path)!r}) is closed (or aborted): rows written now "
+                               "would be lost; open a new writer")
         table = as_table(chunk, self.schema)
         if self.total_rows is None:
             self._deal(table)

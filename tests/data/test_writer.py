@@ -85,9 +85,14 @@ def test_refuses_non_empty_output_unless_overwrite(tmp_path):
     with pytest.raises(FileExistsError, match="overwrite=True"):
         DatasetWriter(out, _schema())
     assert (out / "precious.txt").read_text() == "keep me"
-    with DatasetWriter(out, _schema(), overwrite=True) as w:
-        w.write(_chunk(np.random.default_rng(0), 5))
-    assert not (out / "precious.txt").exists() and (out / "schema.json").is_file()
+    with pytest.raises(FileExistsError, match="did not write"):  # overwrite replaces only our own output
+        DatasetWriter(out, _schema(), overwrite=True)
+    assert (out / "precious.txt").read_text() == "keep me"
+    (out / "precious.txt").unlink()
+    for rows in (5, 7):  # an empty directory, then a dataset this library wrote
+        with DatasetWriter(out, _schema(), overwrite=True) as w:
+            w.write(_chunk(np.random.default_rng(0), rows))
+        assert Schema.load(out).num_rows == rows
 
 
 def test_failure_leaves_nothing_behind_and_keeps_previous(tmp_path):
