@@ -13,7 +13,6 @@ the binary label ``rating >= 4`` is known exactly and its AUC is saved as ``orac
 """
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from data_gen._common import (
     write_in_background,
 )
 from kernels import checks
-from sok_tutorial.atomic import atomic_directory, write_json
+from sok_tutorial.atomic import atomic_directory, read_json, write_json
 
 GENRES = ("Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
           "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller",
@@ -264,6 +263,6 @@ def read_movielens(path: str | Path) -> MovieLens:
     movies, _, layout = _movies_and_ratings_path(path)
     ratings = pa.concat_tables(iter_movielens(path))
     order = pc.sort_indices(ratings, [("timestamp", "ascending")])  # stable: ties keep file order
-    metadata = json.loads((path / "metadata.json").read_text()) if (path / "metadata.json").is_file() else {}
+    metadata = read_json(path / "metadata.json", "dataset metadata") if (path / "metadata.json").is_file() else {}
     metadata.setdefault("layout", layout["layout"])
     return MovieLens(ratings.take(order), movies, metadata)

@@ -38,3 +38,23 @@ def known_names(name: str, values: Iterable[str], known: Iterable[str]) -> list[
     if unknown:
         raise ValueError(f"{name}: unknown column(s) {unknown}; available columns are {known}")
     return values
+
+
+def names(name: str, value: Any) -> list[str]:
+    """Column names as a list: one string is one name (never split into characters), else a
+    sequence of strings; anything else is a TypeError naming the argument.
+
+    Example:
+        >>> names("label_names", "label"), names("cat_names", ("a", "b"))
+        (['label'], ['a', 'b'])
+    """
+    if isinstance(value, str):
+        return [value]
+    try:
+        values = list(value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} is invalid: expected a column name or a sequence of names") from None
+    bad = [v for v in values if not isinstance(v, str)]
+    if bad:
+        raise TypeError(f"{name}={value!r} is invalid: expected names (str), got {bad[:3]}")
+    return values

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from kernels import checks
-from sok_tutorial.atomic import atomic_directory
+from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.data.tables import to_table
 
 OOV = 0
@@ -159,7 +159,7 @@ class Categorify:
         path = Path(path)
         if not (path / _STATE_FILE).is_file():
             raise FileNotFoundError(f"path={str(path)!r} holds no saved Categorify ({_STATE_FILE} missing)")
-        state = json.loads((path / _STATE_FILE).read_text())
+        state = read_json(path / _STATE_FILE, "saved Categorify")
         cat = cls(state["columns"], freq_threshold=state["freq_threshold"], max_size=state["max_size"])
         cat.vocabularies, cat.frequencies = {}, {}
         for i, name in enumerate(cat.columns):

@@ -56,8 +56,16 @@ class ParquetLoader(_AdapterBase):
         concat_categorical: deliver categorical columns as one int64 ``[B, n]`` tensor named
             ``"categorical"`` (DLRM's layout; fewer, larger tensors cross into TensorFlow).
         fill_nan: replace missing/NaN continuous values with this (default: an error).
+        label_range: ``(low, high)`` every label must lie in (default ``(0, 1)``: click labels for
+            binary cross-entropy); ``None`` allows any finite label. NaN labels are always an error.
         max_nnz: ``{list column: limit}`` overriding schema.json; longer lists are an error
             unless ``truncate_lists=True``.
+
+    Raises:
+        LoaderError: bad data met while reading (corrupt file, nulls, NaN labels, long lists),
+            naming the file and column. Iterated directly, the loader raises it as it is; inside
+            ``model.fit`` (through `to_tf_dataset`) ``tf.data`` re-raises it as
+            ``tf.errors.InvalidArgumentError`` carrying the same message: catch that type there.
 
     Example:
         >>> import tempfile, pathlib
@@ -79,12 +87,14 @@ class ParquetLoader(_AdapterBase):
                  drop_last: bool = False, sparse_as_dense: bool = False, transforms: Sequence[Any] = (),
                  device: str = "auto", prefetch: int = 2, concat_continuous: bool = False,
                  concat_categorical: bool = False,
-                 fill_nan: float | None = None, max_nnz: Mapping[str, int] | None = None, truncate_lists: bool = False):
+                 fill_nan: float | None = None, max_nnz: Mapping[str, int] | None = None, truncate_lists: bool = False,
+                 label_range: tuple[float, float] | None = (0.0, 1.0)):
         self.core = LoaderCore(paths_or_dataset, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
                                list_names=list_names, shuffle=shuffle, seed=seed, parts_per_chunk=parts_per_chunk,
                                buffer_size=buffer_size, global_size=global_size, global_rank=global_rank,
                                drop_last=drop_last, sparse_as_dense=sparse_as_dense, transforms=transforms,
-                               device=device, fill_nan=fill_nan, max_nnz=max_nnz, truncate_lists=truncate_lists)
+                               device=device, fill_nan=fill_nan, max_nnz=max_nnz, truncate_lists=truncate_lists,
+                               label_range=label_range)
         self.prefetch = checks.positive_int("prefetch", prefetch)
         self._pool = cols.BufferPool()  # buffers of stacked columns, reused once TF lets go of them
         self.concat_continuous = bool(concat_continuous)

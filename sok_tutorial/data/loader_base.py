@@ -75,7 +75,8 @@ class LoaderCore:
                  shuffle: bool = True, seed: int = 0, parts_per_chunk: int = 1, buffer_size: int | float = 0.05,
                  global_size: int = 1, global_rank: int = 0, drop_last: bool = False, sparse_as_dense: bool = False,
                  transforms: Sequence[Any] = (), device: str = "auto", fill_nan: float | None = None,
-                 max_nnz: Mapping[str, int] | None = None, truncate_lists: bool = False):
+                 max_nnz: Mapping[str, int] | None = None, truncate_lists: bool = False,
+                 label_range: tuple[float, float] | None = (0.0, 1.0)):
         self.batch_size = checks.positive_int("batch_size", batch_size)
         self.global_size = checks.positive_int("global_size", global_size)
         self.global_rank = checks.positive_int("global_rank", global_rank, allow_zero=True)
@@ -89,8 +90,10 @@ class LoaderCore:
         self.fill_nan = None if fill_nan is None else float(fill_nan)
         self.device = backend.resolve_device(device)
         self.xp = backend.array_module(self.device)
-        self.label_names, self.cat_names = list(label_names), list(cat_names)
-        self.cont_names, self.list_names = list(cont_names), list(list_names)
+        self.label_names, self.cat_names = checks.names("label_names", label_names), checks.names("cat_names", cat_names)
+        self.cont_names = checks.names("cont_names", cont_names)
+        self.list_names = checks.names("list_names", list_names)
+        self.label_range = self._label_range(label_range)
         if not self.label_names:
             raise ValueError("label_names is empty: name at least one label column")
         self.names = self.label_names + self.cat_names + self.cont_names + self.list_names
@@ -114,6 +117,32 @@ class LoaderCore:
         # host buffers reused across epochs (decoded columns; shuffled chunks): no page faults
         self._read_pool = cols.BufferPool() if self.xp is np else None
         self._shuffle_pool = cols.BufferPool() if self.xp is np else None
+
+    @staticmethod
+    def _label_range(label_range: Any) -> tuple[float, float] | None:
+        if label_range is None:
+            return None
+        try:
+            low, high = (float(x) for x in label_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"label_range={label_range!r} is invalid: expected (low, high) or None") from None
+        if not low <= high:
+            raise ValueError(f"label_range={label_range!r} is invalid: expected low <= high")
+        return low, high
+
+    def _check_labels(self, values: Any, name: str, path: Path) -> None:
+        """Labels are finite and, with a `label_range`, inside it: a NaN label trains to NaN weights."""
+        xp = self.xp if self.device == "gpu" else np
+        finite = xp.isfinite(values)
+        if not bool(finite.all()):
+            raise LoaderError(f"label column {name!r} of {str(path)!r} has {int((~finite).sum())} NaN or infinite "
+                              "values in one row group; labels must be finite numbers")
+        if self.label_range is not None and len(values):
+            low, high = float(values.min()), float(values.max())
+            if low < self.label_range[0] or high > self.label_range[1]:
+                raise LoaderError(f"label column {name!r} of {str(path)!r} has values in [{low}, {high}], outside "
+                                  f"label_range={self.label_range}; pass label_range=(low, high), or None for any "
+                                  "finite label")
 
     # ---------------------------------------------------------------------------- setup
     def _open_files(self) -> None:
@@ -329,6 +358,8 @@ class LoaderCore:
                     raise LoaderError(f"column {name!r} of {str(path)!r} has {series.null_count} nulls; "
                                       "categorical and label columns must be complete")
                 out[name] = series.values.astype(cupy.int64 if name in self.cat_names else cupy.float32)
+                if name in self.label_names:
+                    self._check_labels(out[name], name, path)
         return out
 
     def _scalar(self, column: pa.ChunkedArray, name: str, path: Path, pool: cols.BufferPool | None) -> np.ndarray:
@@ -348,7 +379,10 @@ class LoaderCore:
             raise LoaderError(f"column {name!r} of {str(path)!r} has {column.null_count} nulls; "
                               "categorical and label columns must be complete")
         dtype = np.int64 if name in self.cat_names else np.float32
-        return column.to_numpy().astype(dtype, copy=False)
+        values = column.to_numpy().astype(dtype, copy=False)
+        if name in self.label_names:
+            self._check_labels(values, name, path)
+        return values
 
     def _check_nnz(self, col: cols.Ragged, name: str, path: Path) -> cols.Ragged:
         limit = self.max_nnz[name]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from kernels import checks
-from sok_tutorial.atomic import write_file, write_json
+from sok_tutorial.atomic import read_json, write_file, write_json
 
 KINDS = ("categorical", "continuous", "label", "list")
 SCHEMA_FILE = "schema.json"
@@ -141,7 +140,7 @@ class Schema:
         path = Path(directory) / SCHEMA_FILE
         if not path.is_file():
             raise FileNotFoundError(f"no {SCHEMA_FILE} in {str(directory)!r}: not a dataset directory")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.from_dict(read_json(path, "dataset schema"))
 
     @classmethod
     def infer(cls, arrow_schema: pa.Schema, *, cat_names: Iterable[str] = (),
@@ -189,12 +188,20 @@ def write_file_list(directory: str | os.PathLike, files: Sequence[str]) -> Path:
 
 
 def read_file_list(path: str | os.PathLike) -> list[Path]:
-    """Read a ``_file_list.txt``; relative entries resolve against the list's directory."""
+    """Read a ``_file_list.txt``; relative entries resolve against the list's directory and must
+    stay inside it (``../`` out of it is an error); absolute entries are taken as they are."""
     path = Path(path)
     lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
     if not lines or not lines[0].isdigit() or int(lines[0]) != len(lines) - 1:
         raise ValueError(f"{str(path)!r} is not a file list: expected a count line followed by that many paths")
-    return [p if p.is_absolute() else path.parent / p for p in map(Path, lines[1:])]
+    files = [p if p.is_absolute() else path.parent / p for p in map(Path, lines[1:])]
+    root = path.parent.resolve()
+    escaping = [str(p) for p in map(Path, lines[1:]) if not p.is_absolute()
+                and root not in (root / p).resolve().parents]
+    if escaping:
+        raise ValueError(f"{str(path)!r} lists {escaping[:3]}, relative paths that leave its directory; a file list "
+                         "names files inside its directory (or absolute paths)")
+    return files
 
 
 def resolve_files(paths_or_dataset: Any, arg: str = "paths_or_dataset") -> list[Path]:

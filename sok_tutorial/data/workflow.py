@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kernels import checks
-from sok_tutorial.atomic import atomic_directory
+from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.data.categorify import Categorify, get_embedding_sizes
 from sok_tutorial.data.schema import ColumnSchema, Schema
 from sok_tutorial.data.tables import to_table
@@ -153,7 +153,7 @@ class Workflow:
         path = Path(path)
         if not (path / _STATE).is_file():
             raise FileNotFoundError(f"path={str(path)!r} holds no saved Workflow ({_STATE} missing)")
-        state = json.loads((path / _STATE).read_text())
+        state = read_json(path / _STATE, "saved Workflow")
         workflow = cls(cat_names=state["cat_names"], list_names=state["list_names"], cont_names=state["cont_names"],
                        label=tuple(state["label"]) if state["label"] else None, label_name=state["label_name"],
                        freq_threshold=state["freq_threshold"])

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import tensorflow as tf
 
-from sok_tutorial.atomic import atomic_directory
+from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.data.tables import to_array, to_table
 from sok_tutorial.data.workflow import Workflow
 from sok_tutorial.embedding.table import tables_of
@@ -118,7 +118,7 @@ class Predictor:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        graph = json.loads((self.path / "graph.json").read_text())
+        graph = read_json(self.path / "graph.json", "export description")
         self.inputs: dict[str, str] = graph["inputs"]
         self._fn = tf.saved_model.load(str(self.path / "saved_model")).signatures["serving_default"]
 
