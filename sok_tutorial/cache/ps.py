@@ -82,6 +82,7 @@ class ParameterServer:
 
     def ensure_table(self, name: str, width: int) -> None:
         """Declare table `name` with rows `width` floats wide (again: the width must match)."""
+        self._check_open()
         width = checks.positive_int("width", width)
         if name in self.widths and self.widths[name] != width:
             raise ValueError(f"table {name!r} holds rows of width {self.widths[name]}, not {width} (a model or "
@@ -90,7 +91,11 @@ class ParameterServer:
             self.widths[name] = width
             self._create(name, width)
 
+    def _check_open(self) -> None:
+        """Raise if the store was closed (subclasses that hold a resource say so)."""
+
     def _width(self, name: str) -> int:
+        self._check_open()
         if name not in self.widths:
             raise KeyError(f"no table {name!r} in this parameter server (tables: {sorted(self.widths)})")
         return self.widths[name]
@@ -216,7 +221,12 @@ class DiskPS(ParameterServer):
         super().__init__()
         from rocksdict import Options, Rdict, WriteOptions
 
+        if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+            raise ValueError(f"DiskPS path={path!r} is invalid: expected the path of a directory for the store")
         self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(f"DiskPS path={str(self.path)!r} is a file; expected a directory for the store "
+                                     "(new or one a DiskPS wrote)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(True)
@@ -235,6 +245,10 @@ class DiskPS(ParameterServer):
         if meta is not None:
             for name, (table_id, width) in json.loads(meta.decode()).items():
                 self._tables[name], self.widths[name] = table_id, width
+
+    def _check_open(self) -> None:
+        if getattr(self, "_db", None) is None:
+            raise RuntimeError(f"DiskPS(path={str(self.path)!r}) is closed; open a new DiskPS on the path")
 
     def _prefix(self, name: str) -> bytes:
         return b"t" + self._tables[name].to_bytes(2, "big")

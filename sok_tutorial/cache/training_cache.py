@@ -63,12 +63,12 @@ Example:
 """
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -83,6 +83,7 @@ from sok_tutorial.training.checkpoint import (
     checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    prune_checkpoints,
     read_tables,
     save_checkpoint,
     step_dir,
@@ -135,6 +136,10 @@ class EmbeddingTrainingCache:
         self.capacity = checks.positive_int("device_capacity_rows", device_capacity_rows)
         self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
         if self.optimizer is None:
+            if not isinstance(model, keras.Model):
+                raise TypeError(f"model={type(model).__name__} {getattr(model, 'name', '')!r} is a layer: "
+                                "EmbeddingTrainingCache takes a Keras model holding the sparse layers, compiled with "
+                                "an optimizer (or pass optimizer=)")
             raise ValueError("EmbeddingTrainingCache needs an optimizer: compile the model first or pass optimizer=")
         self.dest = None if dest_sparse_models is None else Path(dest_sparse_models)
         self.tables = tables_of(model)
@@ -393,14 +398,17 @@ class EmbeddingTrainingCache:
             self.discard()
 
     # ------------------------------------------------------------------ save / load
-    def save_params_to_files(self, directory: str | Path | None = None) -> Path:
+    def save_params_to_files(self, directory: str | Path | None = None, *, keep_last: int | None = KEEP) -> Path:
         """Write dense weights, every table row and its optimizer state under `directory`.
 
         A save is a checkpoint (`sok_tutorial.training.save_checkpoint`: a ``step-NNNNNNNN``
         folder, complete before its manifest makes it one, so a crash at any moment leaves the
         previous save loadable) whose tables hold the parameter server's rows rather than the
-        device's. It loads into a model of in-memory tables as well. The last two saves stay.
+        device's. It loads into a model of in-memory tables as well. The newest `keep_last` saves
+        stay (``None``: all).
         """
+        if keep_last is not None:
+            checks.positive_int("keep_last", keep_last)
         root = Path(directory) if directory is not None else self.dest
         if root is None:
             raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
@@ -414,8 +422,7 @@ class EmbeddingTrainingCache:
         step = int(done[-1].name.split("-")[1]) + 1 if done else 0
         path = save_checkpoint(step_dir(root, step), self.model, self.optimizer, rows=rows,
                                state={"passes": len(self.history)})
-        for old in checkpoints(root)[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(root, keep_last)
         return path
 
     def load_params_from_files(self, directory: str | Path) -> Path:

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from sok_tutorial.atomic import atomic_directory
+from kernels import checks
+from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.embedding.table import EmbeddingTable, tables_of
 from sok_tutorial.training.naming import match
 
@@ -220,7 +221,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
 def _manifest(path: Path) -> dict[str, Any]:
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
-    return json.loads((path / MANIFEST).read_text())
+    return read_json(path / MANIFEST, "checkpoint manifest")
 
 
 def read_tables(path: str | os.PathLike) -> list[dict[str, np.ndarray]]:
@@ -237,6 +238,18 @@ def checkpoints(directory: str | os.PathLike) -> list[Path]:
         return []
     found = [p for p in directory.iterdir() if _STEP_DIR.match(p.name) and (p / MANIFEST).is_file()]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def prune_checkpoints(directory: str | os.PathLike, keep_last: int | None) -> list[Path]:
+    """Delete all but the newest `keep_last` checkpoints in `directory` (None keeps all); returns
+    those removed. Only complete ``step-*`` checkpoints count and go."""
+    if keep_last is None:
+        return []
+    keep_last = checks.positive_int("keep_last", keep_last)
+    removed = checkpoints(directory)[:-keep_last]
+    for old in removed:
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:

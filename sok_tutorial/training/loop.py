@@ -21,7 +21,13 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.progress import progress_bar
-from sok_tutorial.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
+from sok_tutorial.training.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+    step_dir,
+)
 
 
 @dataclass
@@ -65,18 +71,20 @@ def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max
     return {"auc": float(auc.result()), "loss": total / count}
 
 
-def _batches_from(loader: Any, epoch: int, skip: int) -> Iterable[Any]:
-    """One epoch of batches starting at batch `skip` (the loader replays epoch `epoch` exactly)."""
+def _batches_from(loader: Any, epoch: int, skip: int, seen: list[int]) -> Iterable[Any]:
+    """One epoch of batches starting at batch `skip` (the loader replays epoch `epoch` exactly);
+    ``seen[0]`` counts the batches the loader gave, skipped ones included."""
     if hasattr(loader, "epoch"):
         loader.epoch = epoch
     for i, batch in enumerate(loader):
+        seen[0] = i + 1
         if i >= skip:
             yield batch
 
 
 def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = None, from_logits: bool = True,
         eval_loader: Any = None, eval_interval: int | None = None, max_eval_batches: int | None = None,
-        snapshot_interval: int | None = None, snapshot_dir: str | Path | None = None,
+        snapshot_interval: int | None = None, snapshot_dir: str | Path | None = None, keep_last: int | None = 3,
         max_steps: int | None = None, epochs: int | None = None, log_interval: int = 50,
         log_dir: str | Path | None = None, callbacks: Sequence[Any] = (), resume: bool = True,
         progress: bool = True, verbose: int | bool = 1) -> History:
@@ -90,7 +98,10 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
             `eval_interval` steps (and at the end), over at most `max_eval_batches` batches.
         snapshot_interval, snapshot_dir: write a checkpoint every `snapshot_interval` steps (and at
             the end); with ``resume=True`` training continues from the latest one found there.
-        max_steps, epochs: when to stop (one of them; default one epoch).
+        keep_last: snapshots kept in `snapshot_dir`, the newest (``None``: every one).
+        max_steps, epochs: when to stop (one of them; default one epoch). A re-iterable loader
+            (`ParquetLoader`) is read again for each epoch; a one-pass iterator (a generator) ends
+            training when it runs out, with a message, even before `max_steps`.
         log_interval: steps between logged points (loss mean, samples/s).
         log_dir: TensorBoard logs (scalars ``loss``, ``samples_per_s``, ``eval_auc``, ``eval_loss``).
         callbacks: Keras callbacks; as in ``model.fit``, ``on_train_batch_end(batch, logs)`` gets the
@@ -113,6 +124,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
     if epochs is not None:
         checks.positive_int("epochs", epochs)
     checks.positive_int("log_interval", log_interval)
+    if keep_last is not None:
+        checks.positive_int("keep_last", keep_last)
     if eval_interval is not None:
         checks.positive_int("eval_interval", eval_interval)
         if eval_loader is None:
@@ -177,13 +190,14 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         save_checkpoint(target, model, optimizer, overwrite=True,
                         state={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
         history.snapshots.append(str(target))
+        prune_checkpoints(snapshot_dir, keep_last)
 
     done = max_steps is not None and step >= max_steps
     while not done and (epochs is None or epoch < epochs):
-        position = skip
+        position, seen = skip, [0]
         for cb in callbacks:
             cb.on_epoch_begin(epoch)
-        for features, labels in _batches_from(train_loader, epoch, skip):
+        for features, labels in _batches_from(train_loader, epoch, skip, seen):
             value = float(train_step(features, labels))
             size = int(labels.shape[0])
             step, position = step + 1, position + 1
@@ -202,6 +216,13 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
                 break
         for cb in callbacks:
             cb.on_epoch_end(epoch)
+        if not done and not seen[0]:  # an epoch without a batch: the data ran out (a one-pass
+            if step == 0:             # generator) or there never was any; never spin on
+                raise ValueError("fit: train_loader yielded no batches")
+            say(f"fit: train_loader yielded no batches in epoch {epoch + 1}: the data ran out at step {step}"
+                + (f", before max_steps={max_steps}" if max_steps is not None else "")
+                + "; pass a re-iterable loader to train longer")
+            break
         if not done:
             epoch, skip = epoch + 1, 0
     log_point()
