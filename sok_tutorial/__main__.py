@@ -8,7 +8,7 @@ import sys
 
 
 def info() -> dict[str, str]:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # no CUDA-init error line on a CPU machine
     import keras
     import tensorflow as tf
 

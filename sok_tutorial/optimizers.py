@@ -20,6 +20,7 @@ Weight decay, when set, applies to dense variables only (it would otherwise touc
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import keras
@@ -78,6 +79,12 @@ def _sharded(variable: Any) -> bool:
 class _SparseMixin:
     """Shared by the sparse optimizers. Touched rows are read and written back whole
     (``scatter_update``), which on CPU costs about half of an in-place ``scatter_sub``."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        rate = kwargs.get("learning_rate", args[0] if args else None)
+        if isinstance(rate, numbers.Real) and (isinstance(rate, bool) or not rate > 0):
+            raise ValueError(f"learning_rate={rate!r} is invalid: expected a positive number (or a schedule)")
+        super().__init__(*args, **kwargs)
 
     def build(self, var_list: list[Any]) -> None:
         if not self.built:

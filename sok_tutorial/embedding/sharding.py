@@ -208,7 +208,7 @@ class ShardedTable(EmbeddingTable):
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
         flat = tf.reshape(keys, [-1])
         if not self.dynamic:
-            self._check_range(flat, self.capacity * self.num_shards)
+            flat = self._check_range(flat, self.capacity * self.num_shards)
         if self.sharding == "table":
             if slots is None and self.slot_num > 1:
                 raise ValueError(f"{self.name}: the {self.slot_num} slots are placed table-wise, so each key's slot "

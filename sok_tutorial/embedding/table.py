@@ -149,13 +149,18 @@ class EmbeddingTable(keras.layers.Layer):
             raise TypeError(f"{self.name}: keys must be integers (int64 or int32), got {dtype}")
         return tf.cast(keys, tf.int64)
 
-    def _check_range(self, keys: tf.Tensor, rows: int) -> None:
+    def _check_range(self, keys: tf.Tensor, rows: int) -> tf.Tensor:
+        """`keys`, once checked to be row ids in ``[0, rows)``: in a graph, whatever reads the table
+        with them waits for the checks, so a bad key gets this message, not the gather's."""
         # an empty batch passes both: its min is the largest int64, its max the smallest
-        tf.debugging.assert_non_negative(tf.reduce_min(keys),
-                                         message=f"{self.name}: negative key; keys are row ids (use_hashtable=False)")
-        tf.debugging.assert_less(tf.reduce_max(keys), tf.constant(rows, tf.int64),
-                                 message=f"{self.name}: key out of range [0, {rows}); keys are row ids "
-                                         "(use_hashtable=False, max_vocabulary_size_per_gpu)")
+        checked = [
+            tf.debugging.assert_non_negative(tf.reduce_min(keys), message=f"{self.name}: negative key; keys are "
+                                             "row ids (use_hashtable=False)"),
+            tf.debugging.assert_less(tf.reduce_max(keys), tf.constant(rows, tf.int64),
+                                     message=f"{self.name}: key out of range [0, {rows}); keys are row ids "
+                                             "(use_hashtable=False, max_vocabulary_size_per_gpu)")]
+        with tf.control_dependencies([c for c in checked if c is not None]):
+            return tf.identity(keys)
 
     def _share(self) -> Any:
         """For a table replicated over several replicas: all_gather of each replica's new keys."""
@@ -171,8 +176,7 @@ class EmbeddingTable(keras.layers.Layer):
         With `insert`, a dynamic table gives new keys rows and writes their initial vectors.
         """
         if not self.indexed:
-            self._check_range(keys, self.capacity)
-            return keys, None
+            return self._check_range(keys, self.capacity), None
         index = self.index_variables(component)
         if not insert:
             rows, _ = key_index.lookup(index, keys)
@@ -318,7 +322,7 @@ class EmbeddingTable(keras.layers.Layer):
         keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
         rows = self.rows(tf.constant(keys), insert=True)[0] if self.indexed else tf.constant(keys)
         if not self.indexed:
-            self._check_range(rows, self.capacity)
+            rows = self._check_range(rows, self.capacity)
         for variable, value in zip(variables, values):
             variable.value.scatter_update(tf.IndexedSlices(tf.constant(value, variable.dtype), rows))
 

@@ -1,0 +1,95 @@
+"""Every public entry point of `sok_tutorial.embedding` (and the sparse optimizers) fed bad input:
+the error type, and a message naming the argument and what was expected."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_tutorial as sok
+from sok_tutorial.embedding import (
+    All2AllDenseEmbedding,
+    DistributedEmbedding,
+    EmbeddingTable,
+    VocabularyExhausted,
+    group_embedding_lookup_sparse,
+)
+
+
+def _built(capacity: int = 4, dim: int = 2, dynamic: bool = True) -> EmbeddingTable:
+    table = EmbeddingTable(capacity, dim, dynamic=dynamic, name="t")
+    table.build()
+    return table
+
+
+CASES = [
+    ("table capacity 0", lambda: EmbeddingTable(0, 4), ValueError, r"capacity=0"),
+    ("table capacity float", lambda: EmbeddingTable(2.5, 4), ValueError, r"capacity=2\.5"),
+    ("table dim negative", lambda: EmbeddingTable(4, -1), ValueError, r"dim=-1"),
+    ("table unknown initializer", lambda: EmbeddingTable(4, 2, initializer="orthogonal"), ValueError,
+     r"initializer"),
+    ("table float keys", lambda: _built()(tf.constant([1.5])), TypeError, r"keys must be integers"),
+    ("table string keys", lambda: _built()(tf.constant(["a"])), TypeError, r"keys must be integers"),
+    ("table restore 2-D keys", lambda: _built().restore({"keys": np.zeros((2, 2), np.int64),
+                                                          "vectors": np.zeros((2, 2), np.float32)}),
+     ValueError, r"keys must be a 1-D integer array"),
+    ("table restore wrong width", lambda: _built().restore({"keys": np.arange(2), "vectors": np.zeros((2, 3))}),
+     ValueError, r"vectors has shape \(2, 3\), expected \(2, 2\)"),
+    ("table restore too many keys", lambda: _built().restore({"keys": np.arange(9), "vectors": np.zeros((9, 2))}),
+     ValueError, r"9 keys .*4"),
+    ("table restore repeated keys", lambda: _built().restore({"keys": np.array([3, 1, 3]),
+                                                               "vectors": np.zeros((3, 2))}),
+     ValueError, r"keys repeat"),
+    ("static restore out of range", lambda: _built(dynamic=False).restore({"keys": np.array([7]),
+                                                                            "vectors": np.zeros((1, 2))}),
+     ValueError, r"\[0, 4\)"),
+    ("layer unknown combiner", lambda: DistributedEmbedding("max", 10, 4, slot_num=2, max_nnz=1), ValueError,
+     r"combiner='max'"),
+    ("layer slot_num 0", lambda: DistributedEmbedding("sum", 10, 4, slot_num=0, max_nnz=1), ValueError,
+     r"slot_num=0"),
+    ("layer max_nnz 0", lambda: DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=0), ValueError,
+     r"max_nnz=0"),
+    ("layer key_dtype float", lambda: DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, key_dtype="float32"),
+     ValueError, r"key_dtype='float32'"),
+    ("layer unknown sharding", lambda: DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, sharding="column"),
+     ValueError, r"sharding='column'"),
+    ("layer unknown exchange", lambda: All2AllDenseEmbedding(10, 4, 1, 1, exchange="broadcast"), ValueError,
+     r"exchange='broadcast'"),
+    ("layer vocabulary 0", lambda: All2AllDenseEmbedding(0, 4, 1, 1), ValueError, r"max_vocabulary_size_per_gpu=0"),
+    ("dense layer ragged keys", lambda: All2AllDenseEmbedding(10, 4, 1, 1)(tf.ragged.constant([[1]], tf.int64)),
+     TypeError, r"takes dense keys"),
+    ("dense layer wrong shape", lambda: All2AllDenseEmbedding(10, 4, 2, 1)(tf.constant([[[1], [2], [3]]], tf.int64)),
+     ValueError, r"slot_num, nnz_per_slot"),
+    ("sparse layer wrong slots", lambda: DistributedEmbedding("sum", 10, 4, slot_num=2, max_nnz=1)(
+        tf.constant([[1, 2, 3]], tf.int64)), ValueError, r"slot_num=2"),
+    ("group lookup lengths", lambda: group_embedding_lookup_sparse([tf.zeros([3, 2])], [], ["sum"]), ValueError,
+     r"params"),
+    ("lazyadam negative rate", lambda: sok.optimizers.LazyAdam(-1.0), ValueError, r"learning_rate"),
+]
+
+
+@pytest.mark.parametrize("call,error,pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_by_name(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_a_full_table_without_a_policy_names_table_capacity_and_keys():
+    table = _built(capacity=3)
+    table(tf.constant([1, 2], tf.int64), training=True)
+    with pytest.raises(VocabularyExhausted, match=r"t: .*4 distinct keys.*max_vocabulary_size_per_gpu=3"):
+        table(tf.constant([5, 6], tf.int64), training=True)
+    assert table.size == 2
+
+
+def test_an_out_of_range_key_inside_fit_gets_the_tables_message():
+    """A static table inside model.fit: the range check runs before the gather, so the error is
+    the layer's own (table, range), not TensorFlow's gather error."""
+    layer = DistributedEmbedding("sum", 10, 2, slot_num=1, max_nnz=1, use_hashtable=False, name="items")
+    model = keras.Sequential([keras.Input([1], dtype="int64"), layer, keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer=sok.optimizers.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    keys = np.array([[1], [2], [12], [3]], np.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"items: key out of range \[0, 10\)") as info:
+        model.fit(keys, np.ones((4, 1), np.float32), batch_size=4, epochs=1, verbose=0)
+    assert "GatherV2" not in str(info.value) and "ResourceGather" not in str(info.value)
