@@ -7,7 +7,9 @@ Linear(416 -> 1) head and binary cross-entropy; the median samples/s of 20 steps
 warm-up steps, 2 threads.
 
 * `train`: one step of a static (row ids) or dynamic (any int64 key) table with one optimizer,
-  optionally with the per-op profile of a few more steps.
+  optionally with the per-op profile of a few more steps. ``dynamic_warm`` is the dynamic table
+  after one untimed pass over the same batches: every key already has a row, so it shows the
+  cost of the index's lookups alone, without the ~67k keys a step inserts in the first steps.
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
   index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
@@ -55,7 +57,7 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
 
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
     embedding = sok.DistributedEmbedding("sum", ROWS_PER_TABLE * NT, DIM, slot_num=NT, max_nnz=1,
-                                         use_hashtable=table == "dynamic")
+                                         use_hashtable=table != "static")
     head = keras.layers.Dense(1)
     name, rate = OPTIMIZERS[optimizer]
     opt = getattr(sok.optimizers, name)(rate)
@@ -75,6 +77,9 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
         opt.apply(tape.gradient(loss, variables), variables)
         return loss
 
+    if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
+        for keys, labels in data:
+            step(keys, labels)
     times = []
     for i, (keys, labels) in enumerate(data[:WARM + steps]):
         start = time.perf_counter()

@@ -15,8 +15,9 @@ report gives the embedding bytes a sok_lazyadam step moves per second as a fract
 Group ``torchrec_shape``: TorchRec's benchmark shape (``benchmarks/_tables.py``: 26 tables x
 384,615 rows folded into one, dim 16, batch 8192, one Zipf id per table, Linear(416 -> 1)), a
 static table (row ids) and a dynamic one (any int64 key, the in-graph index), each with SGD,
-Adagrad, Adam and LazyAdam; the dynamic/static ratio; the per-op profile of the SGD and LazyAdam
-steps. With ``--torchrec PYTHON`` (TorchRec's virtualenv) and ``--peers DIR`` (the folder of
+Adagrad, Adam and LazyAdam; the dynamic/static ratio, also for ``dynamic_warm`` (the dynamic table
+once every key has a row: the index's lookups without inserts); the per-op profile of the SGD and
+LazyAdam steps. With ``--torchrec PYTHON`` (TorchRec's virtualenv) and ``--peers DIR`` (the folder of
 ``bench_torchrec.py``), TorchRec's fused CPU kernels and plain PyTorch run in the same rounds.
 
 Group ``index``: the key index alone, lookup + insert of each step's distinct keys into an empty
@@ -44,6 +45,7 @@ from benchmarks import _bench, _tables  # noqa: E402
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
+TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
 
 
 def draw_keys(rng, rows: int, shape: tuple, keys: str):
@@ -184,11 +186,11 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
     table, goals = [], {}
     for optimizer in _tables.OPTIMIZERS:
         sps = {kind: _bench.median([r["samples_per_s"] for r in results[f"torchrec_shape:{kind}:{optimizer}"]])
-               for kind in ("static", "dynamic")}
-        for kind in ("static", "dynamic"):
+               for kind in TABLE_KINDS}
+        for kind in TABLE_KINDS:
             row = {"case": "torchrec_shape", "table": kind, "optimizer": optimizer, "samples_per_s": round(sps[kind])}
-            if kind == "dynamic":
-                row["dynamic_vs_static"] = round(sps["dynamic"] / sps["static"], 2)
+            if kind != "static":
+                row["dynamic_vs_static"] = round(sps[kind] / sps["static"], 2)
             table.append(row)
         goals[f"dynamic_vs_static_{optimizer}"] = {"goal": 0.9, "measured": round(sps["dynamic"] / sps["static"], 2)}
     for name, runs in peers.items():
@@ -229,7 +231,7 @@ def main() -> None:
         steps = 8 if args.quick else _tables.STEPS
         results: dict[str, list] = {}
         peers: dict[str, list[float]] = {}
-        cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in ("static", "dynamic")]
+        cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in TABLE_KINDS]
                  if "torchrec_shape" in groups else [])
         cases += [f"index:{kind}" for kind in _tables.INDEXES] if "index" in groups else []
         for _ in range(1 if args.quick else args.repeat):
