@@ -70,7 +70,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 from kernels import checks
 from kernels.key_index import KeyIndex

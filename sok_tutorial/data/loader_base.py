@@ -22,7 +22,6 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,26 +33,13 @@ import pyarrow.parquet as pq
 from kernels import backend, checks, ragged
 from sok_tutorial.data import columns as cols
 from sok_tutorial.data.background import background
+from sok_tutorial.data.decode import LoaderError, Segment, SegmentDecoder
 from sok_tutorial.data.schema import SCHEMA_FILE, Schema, resolve_files
 from sok_tutorial.data.transforms import Transform, as_transforms
 
 # Row groups are decoded concurrently, each by one thread (independent row groups parallelise
 # better than pyarrow's per-column threads; measured with benchmarks/loader.py).
 _DECODE_WORKERS = max(1, min(4, os.cpu_count() or 1))
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Rows ``start:stop`` of row group `row_group` of file `file` (an index into the files)."""
-
-    file: int
-    row_group: int
-    start: int
-    stop: int
-
-
-class LoaderError(ValueError):
-    """Bad data met while loading; the message names the file (and column)."""
 
 
 def _kind_of(atype: pa.DataType) -> str:
@@ -67,7 +53,7 @@ def _kind_of(atype: pa.DataType) -> str:
     return str(atype)
 
 
-class LoaderCore:
+class LoaderCore(SegmentDecoder):
     """Plans, reads and batches; see the module docstring. Arguments as `ParquetLoader`."""
 
     def __init__(self, paths_or_dataset: Any, batch_size: int, label_names: Sequence[str], *,
@@ -90,7 +76,8 @@ class LoaderCore:
         self.fill_nan = None if fill_nan is None else float(fill_nan)
         self.device = backend.resolve_device(device)
         self.xp = backend.array_module(self.device)
-        self.label_names, self.cat_names = checks.names("label_names", label_names), checks.names("cat_names", cat_names)
+        self.label_names = checks.names("label_names", label_names)
+        self.cat_names = checks.names("cat_names", cat_names)
         self.cont_names = checks.names("cont_names", cont_names)
         self.list_names = checks.names("list_names", list_names)
         self.label_range = self._label_range(label_range)
@@ -129,20 +116,6 @@ class LoaderCore:
         if not low <= high:
             raise ValueError(f"label_range={label_range!r} is invalid: expected low <= high")
         return low, high
-
-    def _check_labels(self, values: Any, name: str, path: Path) -> None:
-        """Labels are finite and, with a `label_range`, inside it: a NaN label trains to NaN weights."""
-        xp = self.xp if self.device == "gpu" else np
-        finite = xp.isfinite(values)
-        if not bool(finite.all()):
-            raise LoaderError(f"label column {name!r} of {str(path)!r} has {int((~finite).sum())} NaN or infinite "
-                              "values in one row group; labels must be finite numbers")
-        if self.label_range is not None and len(values):
-            low, high = float(values.min()), float(values.max())
-            if low < self.label_range[0] or high > self.label_range[1]:
-                raise LoaderError(f"label column {name!r} of {str(path)!r} has values in [{low}, {high}], outside "
-                                  f"label_range={self.label_range}; pass label_range=(low, high), or None for any "
-                                  "finite label")
 
     # ---------------------------------------------------------------------------- setup
     def _open_files(self) -> None:
@@ -291,118 +264,6 @@ class LoaderCore:
         return [c for c in plan if c]
 
     # ----------------------------------------------------------------------------- read
-    def _handle(self, file: int) -> pq.ParquetFile:
-        """This thread's reader of `file` (sharing the footer parsed at construction)."""
-        handles = self._local.__dict__.setdefault("handles", {})
-        if file not in handles:
-            handles[file] = pq.ParquetFile(self.files[file], metadata=self._pf[file].metadata)
-        return handles[file]
-
-    def read_segment(self, seg: Segment, pool: cols.BufferPool | None = None) -> cols.Columns:
-        if self.device == "gpu" and backend.cudf is not None:
-            return self._transform(self._read_segment_cudf(seg))
-        path = self.files[seg.file]
-        try:
-            table = self._handle(seg.file).read_row_group(seg.row_group, columns=self.names, use_threads=False)
-        except (pa.ArrowException, OSError) as exc:
-            raise LoaderError(f"cannot read row group {seg.row_group} of {str(path)!r}: {exc}") from exc
-        if seg.start or seg.stop < table.num_rows:
-            table = table.slice(seg.start, seg.stop - seg.start)
-        out: cols.Columns = {}
-        for name in self.names:
-            column = table.column(name)
-            if name in self.list_names:
-                try:
-                    col = cols.from_arrow_list(column, self.slots[name], self.nnz[name])
-                except ValueError as exc:
-                    raise LoaderError(f"column {name!r} of {str(path)!r}: {exc}") from exc
-                out[name] = self._check_nnz(col, name, path)
-            else:
-                out[name] = self._scalar(column, name, path, pool)
-                if pool is not None and not self.shuffle:  # shuffling copies anyway; else copy here,
-                    out[name] = cols.owned(out[name], pool)  # in parallel, so batches go zero-copy
-        return self._transform(cols.to_device(out, self.xp))
-
-    def _read_segment_cudf(self, seg: Segment) -> cols.Columns:
-        """The GPU read: cuDF decodes straight into device memory; no host copy of the data."""
-        cupy, path = backend.cupy, self.files[seg.file]
-        try:
-            df = backend.cudf.read_parquet(path, columns=self.names, row_groups=[[seg.row_group]])
-        except Exception as exc:
-            raise LoaderError(f"cannot read row group {seg.row_group} of {str(path)!r}: {exc}") from exc
-        df = df.iloc[seg.start:seg.stop]
-        out: cols.Columns = {}
-        for name in self.names:
-            series = df[name]
-            if name in self.list_names:
-                slots, nnz = self.slots[name], self.nnz[name]
-                if nnz:  # stored flat: slots * nnz keys per row
-                    values = series.list.leaves.values.astype(cupy.int64)
-                    out[name] = cols.Ragged(values, cupy.arange(0, len(values) + 1, nnz, dtype=cupy.int64), slots)
-                    continue
-                inner = series.explode() if slots else series  # one row per inner list
-                lengths = inner.list.len().fillna(0).values.astype(cupy.int64)
-                values = inner.list.leaves.values.astype(cupy.int64)
-                out[name] = self._check_nnz(cols.Ragged(values, ragged.lengths_to_offsets(lengths), slots), name, path)
-            elif name in self.cont_names:
-                values = series.astype("float32").fillna(np.nan).values
-                bad = cupy.isnan(values)
-                if bool(bad.any()):
-                    if self.fill_nan is None:
-                        raise LoaderError(f"column {name!r} of {str(path)!r} has {int(bad.sum())} missing/NaN "
-                                          "values in one row group; pass fill_nan=<value> to replace them")
-                    values = cupy.where(bad, cupy.float32(self.fill_nan), values)
-                out[name] = values
-            else:
-                if series.null_count:
-                    raise LoaderError(f"column {name!r} of {str(path)!r} has {series.null_count} nulls; "
-                                      "categorical and label columns must be complete")
-                out[name] = series.values.astype(cupy.int64 if name in self.cat_names else cupy.float32)
-                if name in self.label_names:
-                    self._check_labels(out[name], name, path)
-        return out
-
-    def _scalar(self, column: pa.ChunkedArray, name: str, path: Path, pool: cols.BufferPool | None) -> np.ndarray:
-        if name in self.cont_names:
-            fill = np.nan if self.fill_nan is None else self.fill_nan
-            values = cols.from_arrow_float(column, fill, pool)
-            bad = np.isnan(values)
-            if bad.any():
-                if self.fill_nan is None:
-                    raise LoaderError(f"column {name!r} of {str(path)!r} has {int(bad.sum())} missing/NaN values "
-                                      "in one row group; pass fill_nan=<value> to replace them")
-                if not values.flags.writeable:
-                    values = values.copy()
-                np.copyto(values, np.float32(self.fill_nan), where=bad)
-            return values
-        if column.null_count:
-            raise LoaderError(f"column {name!r} of {str(path)!r} has {column.null_count} nulls; "
-                              "categorical and label columns must be complete")
-        dtype = np.int64 if name in self.cat_names else np.float32
-        values = column.to_numpy().astype(dtype, copy=False)
-        if name in self.label_names:
-            self._check_labels(values, name, path)
-        return values
-
-    def _check_nnz(self, col: cols.Ragged, name: str, path: Path) -> cols.Ragged:
-        limit = self.max_nnz[name]
-        lengths = col.lengths()
-        if len(lengths) and int(lengths.max()) > limit:
-            if not self.truncate_lists:
-                raise LoaderError(f"column {name!r} of {str(path)!r} has a list of {int(lengths.max())} values, "
-                                  f"more than max_nnz={limit}; pass truncate_lists=True to cut lists")
-            return cols.Ragged(*ragged.truncate(col.values, col.offsets, limit), col.slots)
-        return col
-
-    def _transform(self, chunk: cols.Columns) -> cols.Columns:
-        for t in self.transforms:
-            for name in self.cat_names + self.list_names:
-                if t.applies_to(name):
-                    col = chunk[name]
-                    chunk[name] = (cols.Ragged(t.transform(col.values, name), col.offsets, col.slots)
-                                   if isinstance(col, cols.Ragged) else t.transform(col, name))
-        return chunk
-
     def read_chunks(self, epoch: int, stop: threading.Event | None = None) -> Iterator[cols.Columns]:
         """Chunks in order; their row groups are decoded by a few threads, a bounded distance ahead."""
         pool = self._read_pool

@@ -4,6 +4,7 @@ from sok_tutorial.embedding.index import VocabularyExhausted
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values
 from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbedding
 from sok_tutorial.embedding.lookup import group_embedding_lookup_sparse
+from sok_tutorial.embedding.ops import UniqueRowsGradient
 from sok_tutorial.embedding.sharding import (
            ShardedTable,
            exchange_bytes,
@@ -11,7 +12,6 @@ from sok_tutorial.embedding.sharding import (
            replica_bytes,
            rows_per_replica,
 )
-from sok_tutorial.embedding.ops import UniqueRowsGradient
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 

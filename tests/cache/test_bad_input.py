@@ -16,12 +16,18 @@ from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache, HostMemoryPS  # n
 
 def _model() -> keras.Model:
     inp = keras.Input([2], dtype="int64")
-    out = keras.layers.Dense(1)(keras.layers.Flatten()(sok.DistributedEmbedding("sum", 32, 4, slot_num=2, max_nnz=1,
-                                                                                 use_hashtable=False, name="items")(inp)))
+    table = sok.DistributedEmbedding("sum", 32, 4, slot_num=2, max_nnz=1, use_hashtable=False, name="items")
+    out = keras.layers.Dense(1)(keras.layers.Flatten()(table(inp)))
     model = keras.Model(inp, out)
     model.compile(optimizer=sok.optimizers.LazyAdam(0.01), loss="mse")
     model(np.zeros((1, 2), np.int64))
     return model
+
+
+def _table_of_width_2() -> HostMemoryPS:
+    ps = HostMemoryPS()
+    ps.ensure_table("t", 2)
+    return ps
 
 
 def _file(tmp_path):
@@ -33,12 +39,12 @@ def _file(tmp_path):
 CASES = [
     ("host initial_rows 0", lambda t: HostMemoryPS(initial_rows=0), ValueError, r"initial_rows=0"),
     ("table width 0", lambda t: HostMemoryPS().ensure_table("t", 0), ValueError, r"width=0"),
-    ("table width changes", lambda t: [ps := HostMemoryPS(), ps.ensure_table("t", 2), ps.ensure_table("t", 3)],
+    ("table width changes", lambda t: _table_of_width_2().ensure_table("t", 3),
      ValueError, r"width 2, not 3"),
     ("pull unknown table", lambda t: HostMemoryPS().pull("none", [1]), KeyError, r"no table 'none'"),
-    ("push wrong shape", lambda t: [ps := HostMemoryPS(), ps.ensure_table("t", 2), ps.push("t", [1, 2], np.zeros((2, 3)))],
+    ("push wrong shape", lambda t: _table_of_width_2().push("t", [1, 2], np.zeros((2, 3))),
      ValueError, r"rows have shape \(2, 3\), expected \(2, 2\)"),
-    ("push repeated keys", lambda t: [ps := HostMemoryPS(), ps.ensure_table("t", 2), ps.push("t", [3, 3], np.zeros((2, 2)))],
+    ("push repeated keys", lambda t: _table_of_width_2().push("t", [3, 3], np.zeros((2, 2))),
      ValueError, r"keys must be unique"),
     ("disk empty path", lambda t: DiskPS(""), ValueError, r"DiskPS path=''"),
     ("disk path None", lambda t: DiskPS(None), ValueError, r"DiskPS path=None"),

@@ -25,13 +25,13 @@ keras = pytest.importorskip("keras")
 pytest.importorskip("rocksdict")
 
 import sok_tutorial as sok  # noqa: E402
-from sok_tutorial.training import latest_checkpoint  # noqa: E402
 from data_gen.criteo import CAT_NAMES, write_criteo_parquet  # noqa: E402
 from sok_tutorial.cache import DiskPS, EmbeddingTrainingCache, HostMemoryPS, PSLocked  # noqa: E402
 from sok_tutorial.data import ParquetLoader  # noqa: E402
 from sok_tutorial.data.keyset import keyset_path, read_keyset  # noqa: E402
 from sok_tutorial.data.schema import Schema  # noqa: E402
 from sok_tutorial.data.transforms import Transform  # noqa: E402
+from sok_tutorial.training import latest_checkpoint  # noqa: E402
 
 CARDS = [4000 + 100 * i for i in range(26)]
 VOCAB = sum(CARDS)

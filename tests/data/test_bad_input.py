@@ -49,7 +49,8 @@ CASES = [
     # (id, call(tmp_path, dataset), exception, pattern naming the argument)
     ("loader batch_size 0", lambda t, d: ParquetLoader(d, 0, ["label"]), ValueError, r"batch_size=0"),
     ("loader batch_size str", lambda t, d: ParquetLoader(d, "8", ["label"]), ValueError, r"batch_size='8'"),
-    ("loader negative rank", lambda t, d: ParquetLoader(d, 4, ["label"], global_rank=-1), ValueError, r"global_rank=-1"),
+    ("loader negative rank", lambda t, d: ParquetLoader(d, 4, ["label"], global_rank=-1), ValueError,
+     r"global_rank=-1"),
     ("loader rank >= size", lambda t, d: ParquetLoader(d, 4, ["label"], global_size=2, global_rank=2), ValueError,
      r"global_rank=2"),
     ("loader no labels", lambda t, d: ParquetLoader(d, 4, []), ValueError, r"label_names"),

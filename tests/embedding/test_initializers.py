@@ -57,8 +57,8 @@ def test_keyed_initializer_writes_row_r_as_key_r():
     np.testing.assert_array_equal(table, keyed_initial_values(np.arange(300), 4, init_spec(
         keras.initializers.RandomNormal(stddev=0.1, seed=5))))
     assert not KeyedInitializer(dynamic=True)((3, 2)).numpy().any()
-    assert init_spec({"class_name": "KeyedInitializer", "config": KeyedInitializer("normal", 1.0, 2.0, 7).get_config()}) \
-        == init_spec(keras.initializers.RandomNormal(1.0, 2.0, seed=7))
+    saved = {"class_name": "KeyedInitializer", "config": KeyedInitializer("normal", 1.0, 2.0, 7).get_config()}
+    assert init_spec(saved) == init_spec(keras.initializers.RandomNormal(1.0, 2.0, seed=7))
 
 
 def test_unsupported_initializers_are_named():

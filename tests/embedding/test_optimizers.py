@@ -48,7 +48,7 @@ CASES = [
 def test_touched_rows_follow_keras_untouched_rows_and_slots_stay_identical(ours, theirs, kwargs, table):
     rng = np.random.default_rng(0)
     start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
-    (sparse_var, owner), dense_var = _variable(start, table), keras.Variable(start)
+    (sparse_var, _), dense_var = _variable(start, table), keras.Variable(start)
     sparse_opt, dense_opt = ours(**kwargs), theirs(**kwargs)
     sparse_opt.build([sparse_var])
     slots_before = [v.numpy().copy() for v in sparse_opt.variables[1:]]

@@ -160,5 +160,6 @@ def test_loader_errors_inside_model_fit_arrive_as_invalid_argument_naming_the_fi
     emb = sok.All2AllDenseEmbedding(8, 2, 1, 1, dynamic_input=True, use_hashtable=False)(inp)
     model = keras.Model({"item": inp}, keras.layers.Dense(1)(emb))
     model.compile(optimizer="sgd", loss="mse")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"LoaderError: column 'label' of '.*ds/part-00000\.parquet' has 1 nulls"):
+    message = r"LoaderError: column 'label' of '.*ds/part-00000\.parquet' has 1 nulls"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         model.fit(loader, epochs=1, verbose=0)
