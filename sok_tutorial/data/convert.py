@@ -45,12 +45,12 @@ def iter_file_batches(path: str | os.PathLike, *, chunk_size: int = 1_000_000,
         raise ValueError(f"cannot read {str(path)!r}: {exc}") from exc
 
 
-def _column_names(cat_names: Sequence[str], cont_names: Sequence[str], label_names: Sequence[str],
-                  list_names: Sequence[str]) -> list[str]:
-    names = [*cat_names, *cont_names, *label_names, *list_names]
-    if not names:
+def _column_kinds(**kinds: Any) -> tuple[list[str], ...]:
+    """Each kind's names as a list (one string is one name), after checking some were given."""
+    lists = tuple(checks.names(kind, names) for kind, names in kinds.items())
+    if not any(lists):
         raise ValueError("no columns selected: pass cat_names, cont_names, label_names and/or list_names")
-    return names
+    return lists
 
 
 def _input_paths(data: Any) -> list[Any]:
@@ -125,7 +125,9 @@ def to_parquet_dataset(data: Any, out_dir: str | os.PathLike, *, cat_names: Sequ
         >>> schema["user"].cardinality, schema.num_rows
         (3, 3)
     """
-    columns = _column_names(cat_names, cont_names, label_names, list_names)
+    cat_names, cont_names, label_names, list_names = _column_kinds(
+        cat_names=cat_names, cont_names=cont_names, label_names=label_names, list_names=list_names)
+    columns = [*cat_names, *cont_names, *label_names, *list_names]
     checks.positive_int("chunk_size", chunk_size)
     inputs = _input_paths(data)
     check_destination(out_dir, overwrite=overwrite, arg="out_dir", inputs=inputs)  # before any pass over data
@@ -212,7 +214,9 @@ def convert_files(files: Sequence[str | os.PathLike], out_dir: str | os.PathLike
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"files: input file(s) not found: {missing}")
-    columns = _column_names(cat_names, cont_names, label_names, list_names)
+    cat_names, cont_names, label_names, list_names = _column_kinds(
+        cat_names=cat_names, cont_names=cont_names, label_names=label_names, list_names=list_names)
+    columns = [*cat_names, *cont_names, *label_names, *list_names]
     checks.positive_int("chunk_size", chunk_size)
     check_destination(out_dir, overwrite=overwrite, arg="out_dir", inputs=files)  # before the fit pass
     if categorify is not None and not categorify.fitted:

@@ -89,12 +89,19 @@ def serialize_examples(table: pa.Table, *, int_names: Sequence[str], float_names
     return _encode("tensorflow.Example", ["features"], [tf.reshape(features, [n, 1])], _ones(n))
 
 
+def _names(*lists: Any) -> list[list[str]]:
+    """label, cat, cont and list names, each a list (one string is one name)."""
+    kinds = ("label_names", "cat_names", "cont_names", "list_names")
+    return [checks.names(kind, names) for kind, names in zip(kinds, lists)]
+
+
 def write_tfrecords(paths_or_dataset: Any, out_dir: str | Path, *, label_names: Sequence[str],
                     cat_names: Sequence[str] = (), cont_names: Sequence[str] = (), list_names: Sequence[str] = (),
                     chunk_rows: int = 65_536, overwrite: bool = False, progress: bool = True) -> list[Path]:
     """Write each parquet file as ``part-*.tfrecords`` in `out_dir` (atomically). Returns the files."""
     files = resolve_files(paths_or_dataset)
     checks.positive_int("chunk_rows", chunk_rows)
+    label_names, cat_names, cont_names, list_names = _names(label_names, cat_names, cont_names, list_names)
     check_destination(out_dir, overwrite=overwrite, inputs=files)
     columns = [*label_names, *cat_names, *cont_names, *list_names]
     slots = {}
@@ -140,6 +147,7 @@ def tfrecord_dataset(files: Sequence[str | Path], batch_size: int, label_names: 
     import keras
 
     checks.positive_int("batch_size", batch_size)
+    label_names, cat_names, cont_names, list_names = _names(label_names, cat_names, cont_names, list_names)
     files = [str(f) for f in files]
     if not files:
         raise FileNotFoundError("files=[]: no TFRecord files to read")

@@ -75,7 +75,8 @@ class Workflow:
     def __init__(self, *, cat_names: Sequence[str] = (), list_names: Sequence[str] = (),
                  cont_names: Sequence[str] = (), label: tuple[str, float | None] | None = None,
                  label_name: str = "label", freq_threshold: int = 0):
-        self.cat_names, self.list_names, self.cont_names = list(cat_names), list(list_names), list(cont_names)
+        self.cat_names, self.list_names = checks.names("cat_names", cat_names), checks.names("list_names", list_names)
+        self.cont_names = checks.names("cont_names", cont_names)
         if not self.cat_names + self.list_names:
             raise ValueError("Workflow needs at least one of cat_names or list_names")
         self.label = None if label is None else (str(label[0]), None if label[1] is None else float(label[1]))

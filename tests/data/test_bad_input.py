@@ -88,9 +88,13 @@ def test_bad_input_is_refused_by_name(tmp_path, dataset, call, error, pattern):
         call(tmp_path, dataset)
 
 
-def test_a_single_name_is_one_column_not_its_characters(dataset):
+def test_a_single_name_is_one_column_not_its_characters(tmp_path, dataset):
     features, labels = next(iter(ParquetLoader(dataset, 4, "label", cat_names="item", shuffle=False)))
     assert labels.shape == (4, 1) and list(features) == ["item"]
+    schema = to_parquet_dataset(_frame(), tmp_path / "one", cat_names="item", label_names="label",
+                                cardinalities={"item": 3}, progress=False)
+    assert schema.names == ["item", "label"]
+    assert Workflow(cat_names="item").cat_names == ["item"]
 
 
 @pytest.mark.parametrize("label,pattern", [([0, 1, math.nan, 1, 0, 1, 0, 1], r"1 NaN or infinite"),
