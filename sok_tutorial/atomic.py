@@ -12,6 +12,7 @@ its path is never missing, and elsewhere the next write restores it if a kill ca
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -68,10 +69,6 @@ def clean_stale(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
-def _inside(child: Path, parent: Path) -> bool:
-    return child == parent or parent in child.parents
-
-
 def _check_replaceable(path: Path, arg: str, inputs: Iterable[Any]) -> None:
     """`overwrite=True` may replace `path`: an empty directory or one this library wrote, holding no input."""
     if not path.is_dir() or path.is_symlink():
@@ -87,11 +84,9 @@ def _check_replaceable(path: Path, arg: str, inputs: Iterable[Any]) -> None:
         if item is None:
             continue
         source = Path(item).resolve()
-        if _inside(source, real):
+        if source == real or real in source.parents:
             raise ValueError(f"{arg}={str(path)!r} holds the input {str(item)!r}: overwriting would delete "
                              "what is being read; write to another directory")
-        if _inside(real, source):
-            raise ValueError(f"{arg}={str(path)!r} lies inside the input {str(item)!r}; write elsewhere")
 
 
 def _writable_parent(path: Path, arg: str) -> Path:
@@ -132,7 +127,7 @@ def begin_directory(path: str | os.PathLike, *, overwrite: bool, arg: str = "out
         path: the directory to produce.
         overwrite: replace an existing `path`, if this library wrote it (or it is empty).
         arg: the caller's name for `path`, for error messages.
-        inputs: paths the write reads; `path` may not hold any of them (nor lie inside one).
+        inputs: paths the write reads; `path` may not hold any of them.
 
     Raises:
         FileExistsError: `path` exists and is not empty and `overwrite` is False; or `overwrite`
@@ -170,25 +165,24 @@ def commit_directory(tmp: Path, path: str | os.PathLike) -> Path:
     return path
 
 
+@functools.cache
+def _renameat2() -> Any:
+    """libc's ``renameat2``, or None where there is none."""
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return call
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Swap two paths in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
-    global _RENAMEAT2
-    if _RENAMEAT2 is None:
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            _RENAMEAT2 = libc.renameat2
-            _RENAMEAT2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-        except (OSError, AttributeError):
-            _RENAMEAT2 = False
-    if not _RENAMEAT2:
-        return False
+    call = _renameat2()
     at_fdcwd, exchange = -100, 2
-    return _RENAMEAT2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0
-
-
-_RENAMEAT2: Any = None
+    return call is not None and call(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), exchange) == 0
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -71,15 +71,11 @@ def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max
     return {"auc": float(auc.result()), "loss": total / count}
 
 
-def _batches_from(loader: Any, epoch: int, skip: int, seen: list[int]) -> Iterable[Any]:
-    """One epoch of batches starting at batch `skip` (the loader replays epoch `epoch` exactly);
-    ``seen[0]`` counts the batches the loader gave, skipped ones included."""
+def _epoch(loader: Any, epoch: int) -> Iterable[Any]:
+    """The batches of epoch `epoch` (a loader with an ``epoch`` replays that epoch exactly)."""
     if hasattr(loader, "epoch"):
         loader.epoch = epoch
-    for i, batch in enumerate(loader):
-        seen[0] = i + 1
-        if i >= skip:
-            yield batch
+    return loader
 
 
 def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = None, from_logits: bool = True,
@@ -193,30 +189,33 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         prune_checkpoints(snapshot_dir, keep_last)
 
     done = max_steps is not None and step >= max_steps
+    seen = skip  # batches of the current epoch consumed (a resumed run may already be done)
     while not done and (epochs is None or epoch < epochs):
-        position, seen = skip, [0]
+        seen = 0
         for cb in callbacks:
             cb.on_epoch_begin(epoch)
-        for features, labels in _batches_from(train_loader, epoch, skip, seen):
+        for seen, (features, labels) in enumerate(_epoch(train_loader, epoch), start=1):
+            if seen <= skip:  # resuming: these batches were trained before the snapshot
+                continue
             value = float(train_step(features, labels))
             size = int(labels.shape[0])
-            step, position = step + 1, position + 1
+            step += 1
             window_loss, window_steps, window_samples = window_loss + value, window_steps + 1, window_samples + size
             for cb in callbacks:
-                cb.on_train_batch_end(position - 1, {"loss": value, "size": size})
+                cb.on_train_batch_end(seen - 1, {"loss": value, "size": size})
             bar.update()
             if step % log_interval == 0:
                 log_point()
             if eval_interval and step % eval_interval == 0:
                 eval_point()
             if snapshot_interval and step % snapshot_interval == 0:
-                snapshot(position)
+                snapshot(seen)
             if max_steps is not None and step >= max_steps:
                 done = True
                 break
         for cb in callbacks:
             cb.on_epoch_end(epoch)
-        if not done and not seen[0]:  # an epoch without a batch: the data ran out (a one-pass
+        if not done and not seen:  # an epoch without a batch: the data ran out (a one-pass
             if step == 0:             # generator) or there never was any; never spin on
                 raise ValueError("fit: train_loader yielded no batches")
             say(f"fit: train_loader yielded no batches in epoch {epoch + 1}: the data ran out at step {step}"
@@ -229,7 +228,7 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
     if eval_loader is not None and (not history.eval_step or history.eval_step[-1] != step):
         eval_point()
     if snapshot_dir is not None and (not history.snapshots or not history.snapshots[-1].endswith(f"{step:08d}")):
-        snapshot(position if done else 0)
+        snapshot(seen if done else 0)
     bar.close()
     for cb in callbacks:
         cb.on_train_end()

@@ -104,6 +104,12 @@ def test_fit_stops_when_a_generator_runs_out_before_max_steps(capsys):
     assert "data ran out at step 3, before max_steps=10" in capsys.readouterr().out
 
 
+def test_fit_resumed_from_its_last_snapshot_is_already_done(tmp_path):
+    first = fit(_model(), _batches(3), max_steps=3, snapshot_dir=tmp_path, progress=False, verbose=0)
+    again = fit(_model(), _batches(3), max_steps=3, snapshot_dir=tmp_path, progress=False, verbose=0)
+    assert first.snapshots and again.resumed_from == 3 and not again.loss
+
+
 def test_fit_reiterates_a_reiterable_loader_up_to_max_steps():
     history = fit(_model(), _batches(3), max_steps=7, log_interval=1, progress=False, verbose=0)
     assert history.step[-1] == 7
