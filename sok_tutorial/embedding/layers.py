@@ -32,8 +32,10 @@ from sok_tutorial.embedding.table import EmbeddingTable
 class _EmbeddingBase(keras.layers.Layer):
     def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, *, use_hashtable: bool = True,
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
-                 sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None, **kwargs: Any):
+                 sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None,
+                 optimizer: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
+        self.table_optimizer = optimizer
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -48,7 +50,8 @@ class _EmbeddingBase(keras.layers.Layer):
 
     def build(self, input_shape: Any = None) -> None:
         if self.table is None:
-            common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name}
+            common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name,
+                      "optimizer": self.table_optimizer}
             if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
                 self.table = ShardedTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
                                           sharding=self.sharding, exchange=self.exchange,

@@ -80,11 +80,14 @@ class EmbeddingTable(keras.layers.Layer):
             `VocabularyExhausted`; other calls embed keys never seen to zeros. ``False``: keys are
             row ids in ``[0, capacity)``.
         initializer: a Keras initializer (uniform, normal, truncated normal, constant), drawn per key.
+        optimizer: this table's own optimizer (one of `sok_tutorial.optimizers`), used instead of the
+            model's for this table's rows; None: the model's optimizer updates it.
     """
 
     def __init__(self, capacity: int, dim: int, *, dynamic: bool = True, initializer: Any = "random_uniform",
-                 **kwargs: Any):
+                 optimizer: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
+        self.optimizer = optimizer
         self.capacity = checks.positive_int("capacity", capacity)
         self.dim = checks.positive_int("dim", dim)
         self.dynamic = bool(dynamic)
@@ -131,12 +134,27 @@ class EmbeddingTable(keras.layers.Layer):
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
-        """The variables of `optimizer` holding per-row state of this table (first dimension = rows)."""
+        """The variables of `optimizer` holding per-row state of this table (first dimension = rows);
+        a table with its own optimizer (`optimizer` argument) always answers with that one's."""
+        optimizer = self.optimizer if self.optimizer is not None else optimizer
         if optimizer is None or not getattr(optimizer, "built", False) or not self.built:
             return []
         prefix = self.variable.path.replace("/", "_") + "_"  # Keras names slots "<variable path>_<slot>"
         return [v for v in optimizer.variables
                 if v.name.startswith(prefix) and len(v.shape) and int(v.shape[0]) == self.capacity]
+
+    def fresh_rows(self, rows: tf.Tensor) -> tf.Tensor | None:
+        """Which of `rows` (distinct) went to a new key since an optimizer last updated them, clearing
+        the mark: the optimizer then starts their slots afresh. None for a table that never gives a
+        row a second key (no eviction), where a row's slots start at zero anyway."""
+        fresh = getattr(self, "_row_fresh", None)
+        if fresh is None:
+            return None
+        marked = tf.gather(fresh.value, rows)
+        with tf.control_dependencies([marked]):
+            cleared = fresh.value.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
+        with tf.control_dependencies([cleared]):
+            return tf.identity(marked)
 
     def initial_values(self, keys: Any) -> np.ndarray:
         """The key-seeded initial vectors of `keys` ``[n, dim]`` (NumPy)."""
