@@ -2,7 +2,8 @@
 
 The index is three variables of the table (of each shard, when the table is sharded)::
 
-    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty
+    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty,
+                                 -2 for a tombstone (an evicted key: lookups probe past it)
     row_keys   [capacity] int64  the key of each row; rows 0 .. size-1 are in use
     size       [] int64          rows in use; a new key gets row ``size``
 
@@ -133,12 +134,12 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
     slots = home_slots(keys, index.bits)
     row, hit = _probe(index, keys, slots)
     rows = tf.where(hit, row, _EMPTY)
-    pending = tf.where(~hit & (row >= 0))[:, 0]  # another key sits there: probe on
+    pending = tf.where(~hit & (row != _EMPTY))[:, 0]  # another key (or a tombstone) sits there: probe on
 
     def body(pos: tf.Tensor, at: tf.Tensor, done: tf.Tensor, found: tf.Tensor, ended: tf.Tensor) -> tuple:
         at = (at + 1) & mask
         row, hit = _probe(index, tf.gather(keys, pos), at)
-        end = hit | (row < 0)
+        end = hit | (row == _EMPTY)
         return (tf.boolean_mask(pos, ~end), tf.boolean_mask(at, ~end), tf.concat([done, tf.boolean_mask(pos, end)], 0),
                 tf.concat([found, tf.boolean_mask(tf.where(hit, row, _EMPTY), end)], 0),
                 tf.concat([ended, tf.boolean_mask(at, end)], 0))

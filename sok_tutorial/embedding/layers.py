@@ -14,6 +14,10 @@ gives a new key a row, which starts from the key's own initial vector, and other
 ``predict``) embed keys never seen to zeros. ``use_hashtable=False``:
 keys are row ids in ``[0, max_vocabulary_size_per_gpu)``, and any other key is an error, never a
 silent wrong row. Either way initial values are drawn per key (see `keyed_initial_values`).
+
+The table's eviction, admission and tracking options (``eviction_policy="lru"``, ``min_count=2``,
+``track_changes=True``... see `sok_tutorial.embedding.lifecycle`) and its own ``optimizer`` are
+keyword arguments of both layers, handed to the table.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
 from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
@@ -34,6 +39,7 @@ class _EmbeddingBase(keras.layers.Layer):
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
                  sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None,
                  optimizer: Any = None, **kwargs: Any):
+        self.table_options = {name: kwargs.pop(name) for name in lifecycle.OPTIONS if name in kwargs}
         super().__init__(**kwargs)
         self.table_optimizer = optimizer
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
@@ -51,7 +57,7 @@ class _EmbeddingBase(keras.layers.Layer):
     def build(self, input_shape: Any = None) -> None:
         if self.table is None:
             common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name,
-                      "optimizer": self.table_optimizer}
+                      "optimizer": self.table_optimizer, **self.table_options}
             if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
                 self.table = ShardedTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
                                           sharding=self.sharding, exchange=self.exchange,
@@ -95,7 +101,7 @@ class _EmbeddingBase(keras.layers.Layer):
         return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,
                 "embedding_vec_size": self.embedding_vec_size, "use_hashtable": self.use_hashtable,
                 "key_dtype": self.key_dtype, "sharding": self.sharding, "exchange": self.exchange,
-                "slot_sizes": self.slot_sizes,
+                "slot_sizes": self.slot_sizes, **self.table_options,
                 "embedding_initializer": {"class_name": "KeyedInitializer",
                                           "config": KeyedInitializer(self.init.kind, self.init.a, self.init.b,
                                                                      self.init.seed).get_config()}}

@@ -145,6 +145,9 @@ class ShardedTable(EmbeddingTable):
     def __init__(self, capacity: int, dim: int, *, sharding: str = "row", exchange: str = "all_gather",
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
+        if self.lifecycle.active:
+            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available on a table "
+                             f"sharded over replicas (sharding={sharding!r}); use sharding='replicated' on one replica")
         self.sharding = checks.one_of("sharding", sharding, ("row", "table"))
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)

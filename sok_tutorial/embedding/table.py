@@ -43,6 +43,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import index as key_index
+from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.initializers import (
     KeyedInitializer,
     init_spec,
@@ -82,16 +83,34 @@ class EmbeddingTable(keras.layers.Layer):
         initializer: a Keras initializer (uniform, normal, truncated normal, constant), drawn per key.
         optimizer: this table's own optimizer (one of `sok_tutorial.optimizers`), used instead of the
             model's for this table's rows; None: the model's optimizer updates it.
+        eviction_policy: ``"lru"``, ``"lfu"`` or ``"ttl"``: a full table evicts rows instead of
+            raising `VocabularyExhausted` (None). With ``ttl`` (steps) or ``ttl_seconds``,
+            ``lfu_decay``, ``evict_fraction`` (rows freed per eviction, of capacity),
+            ``eviction_log`` (evicted keys remembered for delta exports): see
+            `sok_tutorial.embedding.lifecycle`.
+        min_count: a new key gets a row once seen this many times (counted in a count-min sketch
+            of ``sketch_depth x sketch_width``); before, it embeds to zeros. ``admit_probability``:
+            admit a new key with this probability.
+        track_changes: remember which rows changed and when, for delta exports (on with a policy).
     """
 
     def __init__(self, capacity: int, dim: int, *, dynamic: bool = True, initializer: Any = "random_uniform",
-                 optimizer: Any = None, **kwargs: Any):
+                 optimizer: Any = None, eviction_policy: str | None = None, ttl: int | None = None,
+                 ttl_seconds: float | None = None, lfu_decay: float = 0.5, evict_fraction: float = 1 / 16,
+                 min_count: int = 1, admit_probability: float = 1.0, sketch_depth: int = 4,
+                 sketch_width: int | None = None, track_changes: bool = False, eviction_log: int | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.optimizer = optimizer
         self.capacity = checks.positive_int("capacity", capacity)
         self.dim = checks.positive_int("dim", dim)
         self.dynamic = bool(dynamic)
         self.init = init_spec(initializer)
+        self.lifecycle = lifecycle.Lifecycle.create(
+            self.name, self.capacity, self.dynamic, eviction_policy=eviction_policy, ttl=ttl, ttl_seconds=ttl_seconds,
+            lfu_decay=lfu_decay, evict_fraction=evict_fraction, min_count=min_count,
+            admit_probability=admit_probability, sketch_depth=sketch_depth, sketch_width=sketch_width,
+            track_changes=track_changes, eviction_log=eviction_log)
         self.num_shards, self.local_shards, self.strategy = 1, [0], None
 
     # ------------------------------------------------------------------ state
@@ -112,6 +131,8 @@ class EmbeddingTable(keras.layers.Layer):
             self._row_keys = self.add_weight(name="row_keys", shape=(capacity,), dtype="int64", trainable=False,
                                              initializer="zeros")
             self._size = self.add_weight(name="size", shape=(), dtype="int64", trainable=False, initializer="zeros")
+        if self.lifecycle.active:
+            lifecycle.build(self)
         for v in (self.variable, self.variable.value, *local_components(self.variable)):
             _OWNERS[id(v)] = self
         super().build(input_shape)
@@ -131,6 +152,8 @@ class EmbeddingTable(keras.layers.Layer):
         """Keys with a row (this process's shards): the rows in use."""
         if not self.indexed:
             return self.capacity * len(self.local_shards)
+        if self.lifecycle.evicts:
+            return int(self._size.numpy()) - int(self._num_free.numpy())
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
@@ -187,22 +210,35 @@ class EmbeddingTable(keras.layers.Layer):
             return None
         return lambda keys: all_gather(context, keys)
 
-    def rows(self, keys: tf.Tensor, insert: bool, component: int | None = None,
-             share: Any = None) -> tuple[tf.Tensor, tf.Tensor | None]:
+    def rows(self, keys: tf.Tensor, insert: bool, component: int | None = None, share: Any = None,
+             counts: tf.Tensor | None = None, admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None]:
         """(rows of distinct int64 `keys`, mask of keys that have one or None when all do).
 
-        With `insert`, a dynamic table gives new keys rows and writes their initial vectors.
+        With `insert`, a dynamic table gives new keys rows (those its admission lets in: `counts`
+        are their occurrences in the batch) and writes their initial vectors.
         """
+        life = self.lifecycle
         if not self.indexed:
-            return self._check_range(keys, self.capacity), None
+            keys = self._check_range(keys, self.capacity)
+            if insert and life.track_changes:
+                with tf.control_dependencies(lifecycle.touch(self, keys, lifecycle.tick(self))):
+                    keys = tf.identity(keys)
+            return keys, None
         index = self.index_variables(component)
         if not insert:
             rows, _ = key_index.lookup(index, keys)
             return tf.maximum(rows, 0), rows >= 0
-        rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
+        found = None
+        if life.active:
+            if share is not None or component is not None:
+                raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
+                                 "replica (it is replicated or sharded over several here)")
+            rows, found, new_keys, new_rows = lifecycle.place(self, keys, counts, admission=admission)
+        else:
+            rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
         variable.scatter_update(tf.IndexedSlices(keyed_initial_values_tf(new_keys, self.dim, self.init), new_rows))
-        return rows, None
+        return rows, found
 
     def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
         """Vectors of `keys` (any shape): ``keys.shape + [dim]``, float32. New keys get rows in training
@@ -213,17 +249,24 @@ class EmbeddingTable(keras.layers.Layer):
         if in_shape_trace(self.variable):
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
         unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
-        rows, found = self.rows(unique, insert=inserting(training), share=self._share())
+        insert = inserting(training)
+        counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
+            if insert and self.lifecycle.counts else None
+        rows, found = self.rows(unique, insert=insert, share=self._share(), counts=counts)
         vectors = self._vectors(self.variable.value, rows, found, position)
         return tf.reshape(vectors, tf.concat([tf.shape(keys), [self.dim]], 0))
 
     @staticmethod
     def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor) -> tf.Tensor:
-        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`."""
-        vectors = gather_rows(variable, rows)
-        if found is not None:
-            vectors = vectors * tf.cast(found, vectors.dtype)[:, None]
-        return expand(vectors, position)
+        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`.
+        Only found rows are read, so only they receive gradient."""
+        if found is None:
+            return expand(gather_rows(variable, rows), position)
+        present = tf.boolean_mask(rows, found)
+        vectors = gather_rows(variable, present)
+        vectors = tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0)
+        at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
+        return expand(vectors, tf.gather(at, position))
 
     def call(self, keys: Any, training: Any = None) -> tf.Tensor:
         return self.lookup(keys, training)
@@ -238,7 +281,7 @@ class EmbeddingTable(keras.layers.Layer):
             rows = np.arange(self.capacity, dtype=np.int64)
             return rows * self.num_shards + self.local_shards[component], rows
         index = self.index_variables(component)
-        rows = np.arange(int(index.size.numpy()), dtype=np.int64)
+        rows = lifecycle.live_rows(self, component)
         return tf.gather(index.row_keys, rows).numpy(), rows
 
     def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
@@ -256,6 +299,10 @@ class EmbeddingTable(keras.layers.Layer):
             part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
                     "key_slots": self._key_slots(component, rows)}
             part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
+            if self.lifecycle.track_changes:
+                part["marks"] = self._row_seen.numpy()[rows]
+            if self.lifecycle.eviction_policy == "lfu":
+                part["counts"] = self._row_count.numpy()[rows]
             parts.append(part)
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
@@ -304,6 +351,8 @@ class EmbeddingTable(keras.layers.Layer):
         keys, values, variables = self._checked(arrays, optimizer)
         self._check_fit(keys)
         self._assign(0, keys, values, variables)
+        if self.lifecycle.active:
+            lifecycle.reset(self, arrays.get("marks"), arrays.get("counts"))
 
     def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
         """Write `keys` and their rows into one local shard (rebuilding its index)."""
@@ -338,12 +387,11 @@ class EmbeddingTable(keras.layers.Layer):
     def write(self, keys: Any, arrays: dict[str, Any], optimizer: Any = None) -> None:
         """Set the rows of `keys` (a dynamic table gives new keys rows): ``vectors`` and ``slot_<j>``."""
         keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
-        rows = self.rows(tf.constant(keys), insert=True)[0] if self.indexed else tf.constant(keys)
-        if not self.indexed:
-            rows = self._check_range(rows, self.capacity)
+        rows = self.rows(tf.constant(keys), insert=True, admission=False)[0]
         for variable, value in zip(variables, values):
             variable.value.scatter_update(tf.IndexedSlices(tf.constant(value, variable.dtype), rows))
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "capacity": self.capacity, "dim": self.dim, "dynamic": self.dynamic,
+        return {**super().get_config(), **self.lifecycle.config(), "capacity": self.capacity, "dim": self.dim,
+                "dynamic": self.dynamic,
                 "initializer": {"class_name": "KeyedInitializer", "config": self._initializer().get_config()}}
