@@ -23,8 +23,9 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.combiners import COMBINERS, combine, combine_dense
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
-from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
+from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -119,7 +120,8 @@ class DistributedEmbedding(_EmbeddingBase):
     variable-length keys under a strategy train in a custom loop with ``strategy.run``.
 
     Args:
-        combiner: ``"sum"`` or ``"mean"`` over the keys of a slot (an empty slot gives zeros).
+        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` (sum over ``sqrt(n)``) over the ``n`` keys of a
+            slot, as ``tf.nn.embedding_lookup_sparse`` defines them; an empty slot gives zeros.
         max_vocabulary_size_per_gpu: rows of the table (per replica, once tables are sharded).
         embedding_vec_size: width of a vector, any ``>= 1``.
         slot_num: feature fields per sample.
@@ -177,7 +179,7 @@ class DistributedEmbedding(_EmbeddingBase):
             bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
         else:
             bags = tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size])
-            bags = tf.reduce_sum(bags, axis=2) if self.combiner == "sum" else tf.reduce_mean(bags, axis=2)
+            bags = combine_dense(bags, self.combiner)
         return tf.cast(bags, self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:

@@ -19,10 +19,11 @@ from typing import Any
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.combiners import COMBINERS, combine, scale
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
-COMBINERS = ("sum", "mean")
+__all__ = ["COMBINERS", "combine", "flatten_bags", "group_embedding_lookup_sparse"]
 
 
 def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
@@ -68,15 +69,6 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
         tf.debugging.assert_less_equal(tf.reduce_max(tf.concat([lengths, [0]], 0)), tf.cast(max_nnz, lengths.dtype),
                                        message=f"{layer}: a slot holds more keys than max_nnz={max_nnz}")
     return flat, tf.cast(segments, tf.int64), tf.cast(num_bags, tf.int64)
-
-
-def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str) -> tf.Tensor:
-    """Sum or mean of the vectors of each bag, ``[num_bags, dim]``; an empty bag gives zeros."""
-    sums = tf.math.unsorted_segment_sum(vectors, segments, num_bags)
-    if combiner == "sum":
-        return sums
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(segments, vectors.dtype), segments, num_bags)
-    return sums / tf.maximum(counts, 1)[:, None]
 
 
 def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
@@ -127,7 +119,7 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
             ``tf.RaggedTensor`` ``[batch, slot, None]`` keeps each key's slot, which a SOK layer
             with several slots placed table-wise needs (each slot lives on its own replica); all
             of a sample's keys still form one bag.
-        combiners: ``"sum"`` or ``"mean"`` per table.
+        combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (`sok_tutorial.embedding.combiners`).
         fused: reduce all tables of the same width with one segment sum. Off by default: on CPU,
             one segment sum per table trains about twice as fast (26 tables of dim 16, batch 8192:
             ``benchmarks/embedding.py``, group_lookup_loop vs group_lookup_fused), the concatenation
@@ -166,9 +158,5 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
             sums = tf.math.unsorted_segment_sum(tf.concat([vectors[i] for i in group], 0), segments, len(group) * n)
             sums = tf.reshape(sums, [len(group), n, -1])
             for k, i in enumerate(group):
-                if combiners[i] == "mean":
-                    count = tf.math.unsorted_segment_sum(tf.ones_like(parts[i][1], sums.dtype), parts[i][1], n)
-                    out[i] = sums[k] / tf.maximum(count, 1)[:, None]
-                else:
-                    out[i] = sums[k]
+                out[i] = scale(sums[k], parts[i][1], n, combiners[i])
         return out
