@@ -1,33 +1,51 @@
 """Combiners: how the vectors of one bag (the keys of one slot of one sample) become one vector.
 
-As ``tf.nn.embedding_lookup_sparse`` defines them, for a bag of keys ``k_1 .. k_n``::
+As ``tf.nn.embedding_lookup_sparse`` defines them, for a bag of keys ``k_1 .. k_n`` with weights
+``w_1 .. w_n`` (all 1 when no weights are given)::
 
-    sum     e_1 + ... + e_n
-    mean    (e_1 + ... + e_n) / n
-    sqrtn   (e_1 + ... + e_n) / sqrt(n)
+    sum     w_1 e_1 + ... + w_n e_n
+    mean    (w_1 e_1 + ... + w_n e_n) / (w_1 + ... + w_n)
+    sqrtn   (w_1 e_1 + ... + w_n e_n) / sqrt(w_1^2 + ... + w_n^2)
 
-An empty bag gives zeros. Bags are given by a segment id per key (`combine`, any layout that
-`sok_tutorial.embedding.lookup.flatten_bags` flattens) or by an axis of a dense tensor when every
-bag holds the same number of keys (`combine_dense`).
+An empty bag, or one whose divisor is 0, gives zeros. Bags are given by a segment id per key
+(`combine`, any layout that `sok_tutorial.embedding.lookup.flatten_bags` flattens) or by an axis
+of a dense tensor when every bag holds the same number of keys (`combine_dense`).
+
+Weights come shaped like the keys, and `flat_weights` lines them up with the flat keys::
+
+    keys      (ragged)   [[[3, 7], []], [[7]]]           2 samples, 2 slots
+    weights   (ragged)   [[[0.5, 2.0], []], [[1.0]]]     the same row splits
+    flat keys            [3, 7, 7]
+    flat weights         [0.5, 2.0, 1.0]
+    segment ids          [0, 0, 2]                        bag 1 (sample 0, slot 1) is empty
+    mean                 [[(0.5 e3 + 2 e7) / 2.5, 0], [e7, 0]]
 """
 from __future__ import annotations
+
+from typing import Any
 
 import tensorflow as tf
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
-def scale(sums: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str) -> tf.Tensor:
-    """Per-bag sums ``[num_bags, dim]`` divided as `combiner` says (by nothing, ``n`` or ``sqrt(n)``)."""
+def scale(sums: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str,
+          weights: tf.Tensor | None = None) -> tf.Tensor:
+    """Per-bag (weighted) sums ``[num_bags, dim]`` divided as `combiner` says: by nothing, the sum of
+    the bag's weights (``n`` without weights) or the square root of the sum of their squares."""
     if combiner == "sum":
         return sums
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(segments, sums.dtype), segments, num_bags)  # (bags,)
+    weights = tf.ones_like(segments, sums.dtype) if weights is None else tf.cast(weights, sums.dtype)
     if combiner == "sqrtn":
-        counts = tf.sqrt(counts)
-    return tf.math.divide_no_nan(sums, counts[:, None])
+        weights = tf.square(weights)
+    divisor = tf.math.unsorted_segment_sum(weights, segments, num_bags)  # (bags,)
+    if combiner == "sqrtn":
+        divisor = tf.sqrt(divisor)
+    return tf.math.divide_no_nan(sums, divisor[:, None])
 
 
-def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str) -> tf.Tensor:
+def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str,
+            weights: tf.Tensor | None = None) -> tf.Tensor:
     """The combined vector of each bag, ``[num_bags, dim]``; an empty bag gives zeros.
 
     Args:
@@ -35,6 +53,7 @@ def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combin
         segments: int ``[n]``, the bag of each key, in ``[0, num_bags)`` (any order).
         num_bags: scalar int, the number of bags.
         combiner: one of `COMBINERS`.
+        weights: float ``[n]``, each key's weight, or None (every weight 1).
 
     Returns:
         ``[num_bags, dim]``, the dtype of `vectors`.
@@ -44,19 +63,97 @@ def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combin
         >>> segments = tf.constant([0, 0, 0, 0, 2], tf.int64)  # 4 keys in bag 0, bag 1 empty
         >>> combine(vectors, segments, 3, "sqrtn").numpy().tolist()
         [[4.0, 4.0], [0.0, 0.0], [5.0, 3.0]]
+        >>> weights = tf.constant([1.0, 3.0, 0.0, 0.0, 2.0])
+        >>> combine(vectors, segments, 3, "mean", weights).numpy().tolist()
+        [[2.5, 2.0], [0.0, 0.0], [5.0, 3.0]]
     """
-    return scale(tf.math.unsorted_segment_sum(vectors, segments, num_bags), segments, num_bags, combiner)
+    if weights is not None:
+        weights = tf.cast(weights, vectors.dtype)
+        vectors = vectors * weights[:, None]
+    return scale(tf.math.unsorted_segment_sum(vectors, segments, num_bags), segments, num_bags, combiner, weights)
 
 
-def combine_dense(vectors: tf.Tensor, combiner: str, axis: int = 2) -> tf.Tensor:
-    """Combine along `axis` of dense ``[batch, slot, nnz, dim]`` vectors (every bag holds ``nnz`` keys).
+def combine_dense(vectors: tf.Tensor, combiner: str, weights: tf.Tensor | None = None, axis: int = 2) -> tf.Tensor:
+    """Combine along `axis` of dense ``[batch, slot, nnz, dim]`` vectors (every bag holds ``nnz`` keys);
+    `weights`, if given, are shaped like the vectors less their last axis (``[batch, slot, nnz]``).
 
     Example:
         >>> combine_dense(tf.ones([1, 1, 4, 2]), "sqrtn").numpy().tolist()
         [[[2.0, 2.0]]]
     """
-    sums = tf.reduce_sum(vectors, axis=axis)
+    if weights is None:
+        sums = tf.reduce_sum(vectors, axis=axis)
+        if combiner == "sum":
+            return sums
+        count = tf.cast(tf.shape(vectors)[axis], vectors.dtype)
+        return tf.math.divide_no_nan(sums, tf.sqrt(count) if combiner == "sqrtn" else count)
+    weights = tf.cast(weights, vectors.dtype)
+    sums = tf.reduce_sum(vectors * weights[..., None], axis=axis)
     if combiner == "sum":
         return sums
-    count = tf.cast(tf.shape(vectors)[axis], vectors.dtype)
-    return tf.math.divide_no_nan(sums, tf.sqrt(count) if combiner == "sqrtn" else count)
+    divisor = tf.reduce_sum(tf.square(weights) if combiner == "sqrtn" else weights, axis=axis)
+    return tf.math.divide_no_nan(sums, (tf.sqrt(divisor) if combiner == "sqrtn" else divisor)[..., None])
+
+
+def _same(a: tf.Tensor, b: tf.Tensor, message: str) -> tf.Operation | None:
+    """Check that two int tensors hold the same values: at once (ValueError) where shapes or eager
+    values tell, else an assertion for the graph (InvalidArgumentError when it runs)."""
+    a, b = tf.reshape(tf.cast(a, tf.int64), [-1]), tf.reshape(tf.cast(b, tf.int64), [-1])
+    if a.shape.is_fully_defined() and b.shape.is_fully_defined() and a.shape != b.shape:
+        raise ValueError(message)
+    if tf.executing_eagerly():
+        if a.numpy().tolist() != b.numpy().tolist():
+            raise ValueError(message)
+        return None
+    n = tf.minimum(tf.size(a), tf.size(b))
+    same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)), tf.reduce_all(tf.equal(a[:n], b[:n])))
+    return tf.debugging.assert_equal(same, True, message=message)
+
+
+def flat_weights(keys: Any, weights: Any, *, name: str = "sp_weights") -> tf.Tensor:
+    """The weight of each key, ``[n]`` float, in the order the keys flatten to.
+
+    `weights` must be shaped like `keys`: a ``tf.RaggedTensor`` with the same row splits (and
+    ragged rank), a ``tf.SparseTensor`` with the same indices and dense shape, or, for dense keys,
+    a dense tensor of the same shape. Anything else is an error naming `name` and what differs: a
+    ``ValueError`` (eagerly, or where static shapes tell), else a ``tf.errors.InvalidArgumentError``
+    when the graph runs.
+
+    Example:
+        >>> keys = tf.ragged.constant([[[3, 7], []], [[7]]], dtype=tf.int64)
+        >>> weights = tf.ragged.constant([[[0.5, 2.0], []], [[1.0]]])
+        >>> flat_weights(keys, weights).numpy().tolist()
+        [0.5, 2.0, 1.0]
+    """
+    if isinstance(keys, tf.RaggedTensor):
+        if not isinstance(weights, tf.RaggedTensor):
+            raise TypeError(f"{name} must be a tf.RaggedTensor like the keys (the same row splits), "
+                            f"got {type(weights).__name__}")
+        if weights.ragged_rank != keys.ragged_rank:
+            raise ValueError(f"{name} has ragged_rank={weights.ragged_rank}, expected the keys' "
+                             f"ragged_rank={keys.ragged_rank} (the same row splits)")
+        checks = [_same(k, w, f"{name}: row splits of ragged dimension {i + 1} differ from the keys'")
+                  for i, (k, w) in enumerate(zip(keys.nested_row_splits, weights.nested_row_splits))]
+        checks.append(_same(tf.shape(keys.flat_values), tf.shape(weights.flat_values),
+                            f"{name}: inner shape {weights.flat_values.shape[1:]} differs from the keys' "
+                            f"{keys.flat_values.shape[1:]}"))
+        values = weights.flat_values
+    elif isinstance(keys, tf.SparseTensor):
+        if not isinstance(weights, tf.SparseTensor):
+            raise TypeError(f"{name} must be a tf.SparseTensor like the keys (the same indices), "
+                            f"got {type(weights).__name__}")
+        checks = [_same(keys.dense_shape, weights.dense_shape, f"{name}: dense shape {weights.shape} differs "
+                                                                f"from the keys' {keys.shape}"),
+                  _same(keys.indices, weights.indices, f"{name}: indices differ from the keys' (expected the "
+                                                       f"same entries in the same order)")]
+        values = weights.values
+    else:
+        if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(f"{name} must be a dense tensor like the keys, got {type(weights).__name__}")
+        keys, values = tf.convert_to_tensor(keys), tf.convert_to_tensor(weights)
+        checks = [_same(tf.shape(keys), tf.shape(values), f"{name} has shape {values.shape}, expected the "
+                                                          f"keys' shape {keys.shape}")]
+    if not values.dtype.is_floating:
+        raise TypeError(f"{name} must be float (like tf.nn.embedding_lookup_sparse's), got {values.dtype.name}")
+    with tf.control_dependencies([c for c in checks if c is not None]):
+        return tf.reshape(tf.identity(values), [-1])

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.embedding.combiners import COMBINERS, combine, combine_dense
+from sok_tutorial.embedding.combiners import COMBINERS, combine, combine_dense, flat_weights
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
@@ -122,6 +122,10 @@ class DistributedEmbedding(_EmbeddingBase):
     Args:
         combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` (sum over ``sqrt(n)``) over the ``n`` keys of a
             slot, as ``tf.nn.embedding_lookup_sparse`` defines them; an empty slot gives zeros.
+            With ``sp_weights`` (a `call` argument: float weights shaped like the keys, a
+            ``tf.RaggedTensor`` with their row splits, a ``tf.SparseTensor`` with their indices, a
+            dense tensor of their shape) they are ``sum(w e)``, ``sum(w e) / sum(w)`` and
+            ``sum(w e) / sqrt(sum(w^2))`` (`sok_tutorial.embedding.combiners`).
         max_vocabulary_size_per_gpu: rows of the table (per replica, once tables are sharded).
         embedding_vec_size: width of a vector, any ``>= 1``.
         slot_num: feature fields per sample.
@@ -149,9 +153,10 @@ class DistributedEmbedding(_EmbeddingBase):
         self.max_feature_num = (slot_num * max_nnz if max_feature_num is None
                                 else checks.positive_int("max_feature_num", max_feature_num))
 
-    def call(self, inputs: Any, training: Any = None) -> tf.Tensor:
+    def call(self, inputs: Any, training: Any = None, sp_weights: Any = None) -> tf.Tensor:
         if not isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
-            return self._call_dense(tf.convert_to_tensor(inputs), training)
+            return self._call_dense(tf.convert_to_tensor(inputs), training, sp_weights)
+        weights = None if sp_weights is None else flat_weights(inputs, sp_weights, name=f"{self.name}: sp_weights")
         flat, segments, num_bags = flatten_bags(inputs, self.slot_num, max_nnz=self.max_nnz, layer=self.name)
         flat = self._check_keys(flat)
         batch = num_bags // self.slot_num
@@ -160,11 +165,12 @@ class DistributedEmbedding(_EmbeddingBase):
                                        message=f"{self.name}: a sample holds more keys than "
                                                f"max_feature_num={self.max_feature_num}")
         vectors = self._vectors(flat, training, slots=lambda: segments % self.slot_num)
-        bags = combine(vectors, segments, num_bags, self.combiner)
+        bags = combine(vectors, segments, num_bags, self.combiner, weights)
         return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
 
-    def _call_dense(self, keys: tf.Tensor, training: Any) -> tf.Tensor:
+    def _call_dense(self, keys: tf.Tensor, training: Any, sp_weights: Any) -> tf.Tensor:
         """Every slot holds the same number of keys: bags are a reshape, no segment reduction."""
+        weights = None if sp_weights is None else flat_weights(keys, sp_weights, name=f"{self.name}: sp_weights")
         if keys.shape.rank == 2:
             keys = keys[:, :, None]
         if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
@@ -175,11 +181,11 @@ class DistributedEmbedding(_EmbeddingBase):
             raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
                              f"or max_feature_num={self.max_feature_num} allow")
         vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training, slots=lambda: _slot_ids(keys))
-        if nnz == 1:
+        if nnz == 1 and weights is None:
             bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
         else:
             bags = tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size])
-            bags = combine_dense(bags, self.combiner)
+            bags = combine_dense(bags, self.combiner, None if weights is None else tf.reshape(weights, tf.shape(keys)))
         return tf.cast(bags, self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
