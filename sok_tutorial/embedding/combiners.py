@@ -19,6 +19,18 @@ Weights come shaped like the keys, and `flat_weights` lines them up with the fla
     flat weights         [0.5, 2.0, 1.0]
     segment ids          [0, 0, 2]                        bag 1 (sample 0, slot 1) is empty
     mean                 [[(0.5 e3 + 2 e7) / 2.5, 0], [e7, 0]]
+
+``combiner=None`` keeps each key's vector (times its weight, if any) for sequence models,
+``ragged`` or ``padded`` to ``max_nnz`` with a mask (`sequence`, `dense_sequence`)::
+
+    keys      (ragged)   [[[3, 7], []], [[7], [1]]]       [batch=2, slot=2, None]
+    "ragged"             [[[e3, e7], []], [[e7], [e1]]]   [batch, slot, None, dim]
+      flat values        [e3, e7, e7, e1]
+      bag row splits     [0, 2, 2, 3, 4]                   bag = sample * slot_num + slot
+    "padded", max_nnz=3  vectors [[[e3, e7, 0], [0, 0, 0]],
+                                  [[e7, 0, 0], [e1, 0, 0]]]         [batch, slot, max_nnz, dim]
+                         mask    [[[T, T, F], [F, F, F]],
+                                  [[T, F, F], [T, F, F]]]           [batch, slot, max_nnz], bool
 """
 from __future__ import annotations
 
@@ -27,6 +39,12 @@ from typing import Any
 import tensorflow as tf
 
 COMBINERS = ("sum", "mean", "sqrtn")
+SEQUENCE_OUTPUTS = ("ragged", "padded")
+
+
+def weigh(vectors: tf.Tensor, weights: tf.Tensor | None) -> tf.Tensor:
+    """`vectors` ``[..., dim]`` times `weights` ``[...]`` (each vector by its key's weight), or as they are."""
+    return vectors if weights is None else vectors * tf.cast(weights, vectors.dtype)[..., None]
 
 
 def scale(sums: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str,
@@ -67,10 +85,8 @@ def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combin
         >>> combine(vectors, segments, 3, "mean", weights).numpy().tolist()
         [[2.5, 2.0], [0.0, 0.0], [5.0, 3.0]]
     """
-    if weights is not None:
-        weights = tf.cast(weights, vectors.dtype)
-        vectors = vectors * weights[:, None]
-    return scale(tf.math.unsorted_segment_sum(vectors, segments, num_bags), segments, num_bags, combiner, weights)
+    sums = tf.math.unsorted_segment_sum(weigh(vectors, weights), segments, num_bags)
+    return scale(sums, segments, num_bags, combiner, weights)
 
 
 def combine_dense(vectors: tf.Tensor, combiner: str, weights: tf.Tensor | None = None, axis: int = 2) -> tf.Tensor:
@@ -88,7 +104,7 @@ def combine_dense(vectors: tf.Tensor, combiner: str, weights: tf.Tensor | None =
         count = tf.cast(tf.shape(vectors)[axis], vectors.dtype)
         return tf.math.divide_no_nan(sums, tf.sqrt(count) if combiner == "sqrtn" else count)
     weights = tf.cast(weights, vectors.dtype)
-    sums = tf.reduce_sum(vectors * weights[..., None], axis=axis)
+    sums = tf.reduce_sum(weigh(vectors, weights), axis=axis)
     if combiner == "sum":
         return sums
     divisor = tf.reduce_sum(tf.square(weights) if combiner == "sqrtn" else weights, axis=axis)
@@ -157,3 +173,44 @@ def flat_weights(keys: Any, weights: Any, *, name: str = "sp_weights") -> tf.Ten
         raise TypeError(f"{name} must be float (like tf.nn.embedding_lookup_sparse's), got {values.dtype.name}")
     with tf.control_dependencies([c for c in checks if c is not None]):
         return tf.reshape(tf.identity(values), [-1])
+
+
+def sequence(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, slot_num: int, max_nnz: int,
+             output: str) -> Any:
+    """Each key's vector, uncombined: a ``tf.RaggedTensor`` ``[batch, slot_num, None, dim]``
+    (``output="ragged"``), or ``(vectors [batch, slot_num, max_nnz, dim] zero-padded, mask
+    [batch, slot_num, max_nnz] bool)`` (``"padded"``).
+
+    Args:
+        vectors: float ``[n, dim]``, one row per key, bag after bag.
+        segments: int ``[n]``, the bag of each key (``sample * slot_num + slot``), sorted.
+        num_bags: scalar int, ``batch * slot_num``.
+
+    Example:
+        >>> vectors = tf.constant([[3.0], [7.0], [7.0], [1.0]])
+        >>> ragged = sequence(vectors, tf.constant([0, 0, 2, 3], tf.int64), 4, 2, 3, "ragged")
+        >>> ragged.to_list()
+        [[[[3.0], [7.0]], []], [[[7.0]], [[1.0]]]]
+        >>> padded, mask = sequence(vectors, tf.constant([0, 0, 2, 3], tf.int64), 4, 2, 3, "padded")
+        >>> padded.shape, mask.numpy().astype(int).tolist()
+        (TensorShape([2, 2, 3, 1]), [[[1, 1, 0], [0, 0, 0]], [[1, 0, 0], [1, 0, 0]]])
+    """
+    bags = tf.RaggedTensor.from_value_rowids(vectors, segments, nrows=num_bags, validate=False)
+    ragged = tf.RaggedTensor.from_uniform_row_length(bags, slot_num, validate=False)
+    if output == "ragged":
+        return ragged
+    padded = ragged.to_tensor(shape=[None, slot_num, max_nnz, vectors.shape[-1]])
+    mask = tf.reshape(tf.sequence_mask(bags.row_lengths(), max_nnz), [-1, slot_num, max_nnz])
+    return padded, mask
+
+
+def dense_sequence(vectors: tf.Tensor, max_nnz: int, output: str) -> Any:
+    """`sequence` for dense ``[batch, slot, nnz, dim]`` vectors (every bag full): the vectors
+    themselves (``"ragged"``), or padded to ``max_nnz`` with their mask (``"padded"``)."""
+    if output == "ragged":
+        return vectors
+    nnz = tf.shape(vectors)[2]
+    padded = tf.pad(vectors, [[0, 0], [0, 0], [0, max_nnz - nnz], [0, 0]])
+    padded = tf.ensure_shape(padded, [None, vectors.shape[1], max_nnz, vectors.shape[-1]])
+    mask = tf.broadcast_to(tf.range(max_nnz) < nnz, tf.shape(padded)[:3])
+    return padded, mask

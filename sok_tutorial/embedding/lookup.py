@@ -19,7 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.embedding.combiners import COMBINERS, combine, flat_weights, scale
+from sok_tutorial.embedding.combiners import COMBINERS, combine, flat_weights, scale, weigh
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -168,9 +168,8 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         for group in by_width.values():
             n = parts[group[0]][2]
             segments = tf.concat([parts[i][1] + k * n for k, i in enumerate(group)], 0)
-            weighted = [vectors[i] if weights[i] is None else
-                        vectors[i] * tf.cast(weights[i], vectors[i].dtype)[:, None] for i in group]
-            sums = tf.math.unsorted_segment_sum(tf.concat(weighted, 0), segments, len(group) * n)
+            weighted = tf.concat([weigh(vectors[i], weights[i]) for i in group], 0)
+            sums = tf.math.unsorted_segment_sum(weighted, segments, len(group) * n)
             sums = tf.reshape(sums, [len(group), n, -1])
             for k, i in enumerate(group):
                 out[i] = scale(sums[k], parts[i][1], n, combiners[i], weights[i])

@@ -226,3 +226,220 @@ def test_uniform_inner_ragged_keys_take_weights_and_keep_their_slot_count():
     short = tf.RaggedTensor.from_row_lengths(tf.constant([[1, 2], [3, 4], [5, 6]], tf.int64), [2, 1])
     with pytest.raises(Exception, match="every row needs slot_num=2"):
         layer(short)
+
+
+def key_vectors(layer, bags: list) -> list:
+    """Each key's vector through the layer's table, nested like `bags` ([batch][slot][key] -> [dim])."""
+    flat = np.array([k for row in bags for bag in row for k in bag] or [0], np.int64)
+    rows, _ = layer.table.rows(tf.constant(flat), insert=False)
+    table, rows = layer.embedding_variable.numpy(), iter(rows.numpy().tolist())
+    return [[[table[next(rows)] for _ in bag] for bag in row] for row in bags]
+
+
+def shuffled_sparse(keys: tf.RaggedTensor, seed: int) -> tf.SparseTensor:
+    """The keys as a tf.SparseTensor whose entries are out of order (a sequence must not care)."""
+    sparse = keys.to_sparse()
+    order = np.random.default_rng(seed).permutation(int(tf.shape(sparse.values)[0]))
+    return tf.SparseTensor(tf.gather(sparse.indices, order), tf.gather(sparse.values, order), sparse.dense_shape)
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_sequence_ragged_matches_numpy_forward_and_gradient(use_hashtable, weighted):
+    bags, weights = bags_and_weights(4)
+    if use_hashtable:
+        bags = [[[k * 7919 - 2**40 for k in bag] for bag in row] for row in bags]
+    keys, sp_weights = as_layout(bags, weights, "ragged")
+    layer = sok.DistributedEmbedding(None, 200, DIM, slot_num=SLOTS, max_nnz=NNZ, use_hashtable=use_hashtable)
+    n = sum(len(bag) for row in bags for bag in row)
+    upstream = tf.constant(np.random.default_rng(5).normal(size=(n, DIM)), tf.float32)
+    with tf.GradientTape() as tape:
+        out = layer(keys, training=True, sp_weights=sp_weights if weighted else None)
+        loss = tf.reduce_sum(out.flat_values * upstream)
+    grad = tape.gradient(loss, layer.embedding_variable)
+    assert isinstance(out, tf.RaggedTensor) and out.shape.as_list() == [len(bags), SLOTS, None, DIM]
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(out.row_lengths(axis=2).to_list(), [[len(b) for b in row] for row in bags])
+
+    vecs = key_vectors(layer, bags)
+    w = [w for row in weights for bag in row for w in bag] if weighted else [1.0] * n
+    flat_vecs = np.array([v for row in vecs for bag in row for v in bag])
+    np.testing.assert_allclose(out.flat_values.numpy(), flat_vecs * np.array(w)[:, None], rtol=1e-6)
+    flat_keys = np.array([k for row in bags for bag in row for k in bag], np.int64)
+    rows = layer.table.rows(tf.constant(flat_keys), insert=False)[0].numpy()
+    expected = np.zeros(layer.embedding_variable.shape)
+    np.add.at(expected, rows, upstream.numpy() * np.array(w)[:, None])
+    np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-5, atol=1e-6)
+
+    sparse_out = layer(shuffled_sparse(keys, 0), sp_weights=shuffled_sparse(sp_weights, 0) if weighted else None)
+    np.testing.assert_allclose(sparse_out.flat_values.numpy(), out.flat_values.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(sparse_out.nested_row_splits[1].numpy(), out.nested_row_splits[1].numpy())
+
+
+@pytest.mark.parametrize("layout", ["ragged", "sparse", "dense"])
+def test_sequence_padded_has_a_mask_and_matches_numpy_gradient(layout):
+    bags, weights = bags_and_weights(6, full=layout == "dense")
+    if layout == "dense":
+        bags = [[bag[:2] for bag in row] for row in bags]  # nnz=2 < max_nnz: padded all the same
+        weights = [[w[:2] for w in row] for row in weights]
+    keys, sp_weights = as_layout(bags, weights, layout)
+    layer = sok.DistributedEmbedding(None, ROWS, DIM, slot_num=SLOTS, max_nnz=NNZ, use_hashtable=False,
+                                     sequence_output="padded")
+    upstream = tf.constant(np.random.default_rng(7).normal(size=(len(bags), SLOTS, NNZ, DIM)), tf.float32)
+    with tf.GradientTape() as tape:
+        vectors, mask = layer(keys, training=True, sp_weights=sp_weights)
+        loss = tf.reduce_sum(vectors * upstream)
+    grad = tf.convert_to_tensor(tape.gradient(loss, layer.embedding_variable)).numpy()
+    assert vectors.shape == (len(bags), SLOTS, NNZ, DIM) and mask.dtype == tf.bool and mask.shape == vectors.shape[:3]
+
+    table = layer.embedding_variable.numpy()
+    want, want_mask, want_grad = np.zeros(vectors.shape), np.zeros(mask.shape, bool), np.zeros_like(table)
+    for b, row in enumerate(bags):
+        for s, bag in enumerate(row):
+            for j, k in enumerate(bag):
+                want[b, s, j] = weights[b][s][j] * table[k]
+                want_mask[b, s, j] = True
+                want_grad[k] += weights[b][s][j] * upstream.numpy()[b, s, j]
+    np.testing.assert_allclose(vectors.numpy(), want, rtol=1e-6)
+    np.testing.assert_array_equal(mask.numpy(), want_mask)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_sequence_of_dense_keys_is_dense():
+    layer = sok.DistributedEmbedding(None, ROWS, DIM, slot_num=2, max_nnz=3, use_hashtable=False)
+    keys = tf.constant([[[1, 2], [3, 4]], [[5, 6], [7, 8]]], tf.int64)
+    out = layer(keys)
+    assert not isinstance(out, tf.RaggedTensor) and out.shape == (2, 2, 2, DIM)
+    np.testing.assert_array_equal(out.numpy(), layer.embedding_variable.numpy()[keys.numpy()])
+    assert layer(keys[:, :, 0]).shape == (2, 2, 1, DIM)
+    assert layer.compute_output_shape((None, 2, 2)) == (None, 2, 2, DIM)
+
+
+SEQUENCE_OPTIONS = [dict(combiner="sqrtn"), dict(combiner=None), dict(combiner=None, sequence_output="padded")]
+
+
+@pytest.mark.parametrize("options", SEQUENCE_OPTIONS, ids=["sqrtn", "ragged", "padded"])
+def test_config_round_trip_and_tf_function(options):
+    layer = sok.DistributedEmbedding(max_vocabulary_size_per_gpu=ROWS, embedding_vec_size=DIM, slot_num=SLOTS,
+                                     max_nnz=NNZ, use_hashtable=False, name="emb", **options)
+    config = layer.get_config()
+    assert config["combiner"] == options["combiner"]
+    assert config["sequence_output"] == options.get("sequence_output", "ragged")
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(clone) is sok.DistributedEmbedding and clone.get_config() == config
+    bags, weights = bags_and_weights(8)
+    keys, sp_weights = as_layout(bags, weights, "ragged")
+    eager = layer(keys, sp_weights=sp_weights)
+    graph = tf.function(lambda k, w: layer(k, sp_weights=w))(keys, sp_weights)
+    for a, b in zip(tf.nest.flatten(eager, expand_composites=True), tf.nest.flatten(graph, expand_composites=True)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+    shapes = layer.compute_output_shape((None, SLOTS, None))
+    assert shapes == {"sqrtn": (None, SLOTS, DIM), None: (None, SLOTS, None, DIM)}[options["combiner"]] \
+        if "sequence_output" not in options else shapes == ((None, SLOTS, NNZ, DIM), (None, SLOTS, NNZ))
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class MaskedMean(keras.layers.Layer):
+    """The mean of each slot's vectors where the mask is True: (B, S, N, D), (B, S, N) -> (B, S, D)."""
+
+    def call(self, inputs):
+        vectors, mask = inputs
+        mask = keras.ops.cast(mask, vectors.dtype)[..., None]  # (B, S, N, 1)
+        return keras.ops.sum(vectors * mask, axis=2) / keras.ops.maximum(keras.ops.sum(mask, axis=2), 1.0)
+
+
+def test_padded_sequence_in_a_functional_model_fits_saves_and_loads(tmp_path):
+    bags, _ = bags_and_weights(9, batch=128)
+    keys = tf.ragged.constant(bags, dtype=tf.int64, ragged_rank=2).to_sparse()
+    labels = np.array([[float(sum(map(len, row)) % 2)] for row in bags], np.float32)
+    inp = keras.Input([SLOTS, None], dtype="int64", sparse=True)
+    vectors, mask = sok.DistributedEmbedding(None, ROWS, DIM, slot_num=SLOTS, max_nnz=NNZ, use_hashtable=False,
+                                             sequence_output="padded", name="emb")(inp)
+    pooled = MaskedMean()([vectors, mask])
+    model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Reshape([SLOTS * DIM])(pooled)))
+    model.compile(sok.optimizers.Adam(0.05), keras.losses.BinaryCrossentropy(from_logits=True))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(32), epochs=4, verbose=0,
+                        shuffle=False)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    before = model.predict(keys, verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(loaded.predict(keys, verbose=0), before, rtol=1e-6)
+    assert loaded.get_layer("emb").get_config()["sequence_output"] == "padded"
+
+
+class SequenceModel(keras.Model):
+    """Ragged sequences reach a subclassed model's own pooling (max over each slot's keys)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = sok.DistributedEmbedding(None, 500, DIM, slot_num=SLOTS, max_nnz=NNZ)
+        self.head = keras.layers.Dense(1)
+
+    def call(self, keys, training=None):
+        sequences = self.embedding(keys, training=training)  # (B, S, None, D)
+        return self.head(tf.reshape(tf.reduce_max(sequences, axis=2), [-1, SLOTS * DIM]))
+
+
+def test_ragged_sequence_trains_with_model_fit():
+    bags, _ = bags_and_weights(10, batch=128)
+    bags = [[bag or [0] for bag in row] for row in bags]  # max over no keys would be -inf
+    keys = tf.ragged.constant(bags, dtype=tf.int64, ragged_rank=2)
+    labels = np.array([[float(row[0][0] % 2)] for row in bags], np.float32)
+    model = SequenceModel()
+    model.compile(sok.optimizers.Adam(0.05), keras.losses.BinaryCrossentropy(from_logits=True))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((keys, labels)).batch(32), epochs=4, verbose=0,
+                        shuffle=False)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+def test_bad_combiner_and_sequence_output_are_named():
+    with pytest.raises(ValueError, match=r"combiner='max' is invalid: expected one of \('sum', 'mean', 'sqrtn', "
+                                         r"None\)"):
+        sok.DistributedEmbedding("max", ROWS, DIM, slot_num=1, max_nnz=1)
+    with pytest.raises(ValueError, match=r"sequence_output='dense' is invalid: expected one of \('ragged', "
+                                         r"'padded'\)"):
+        sok.DistributedEmbedding(None, ROWS, DIM, slot_num=1, max_nnz=1, sequence_output="dense")
+    with pytest.raises(ValueError, match=r"sequence_output='padded' is invalid with combiner='sum'"):
+        sok.DistributedEmbedding("sum", ROWS, DIM, slot_num=1, max_nnz=1, sequence_output="padded")
+    layer = sok.DistributedEmbedding(None, ROWS, DIM, slot_num=2, max_nnz=2, use_hashtable=False,
+                                     sequence_output="padded")
+    with pytest.raises(Exception, match="more keys than max_nnz=2"):
+        layer(tf.ragged.constant([[[1, 2, 3], [4]]], dtype=tf.int64, ragged_rank=2))
+    with pytest.raises(ValueError, match=r"sp_weights has shape"):
+        layer(tf.ones([1, 2, 2], tf.int64), sp_weights=tf.ones([1, 2, 3]))
+
+
+def _sharded(strategy, sharding: str, keys: tf.RaggedTensor, weights: tf.RaggedTensor) -> list[np.ndarray]:
+    """sqrtn with weights, and weighted padded sequences with their mask, per replica's share of the batch."""
+    n = strategy.num_replicas_in_sync
+    with strategy.scope():
+        layers = [sok.DistributedEmbedding(combiner, 64 // n, DIM, slot_num=SLOTS, max_nnz=NNZ, sharding=sharding,
+                                           sequence_output=output, name=f"t{i}")
+                  for i, (combiner, output) in enumerate([("sqrtn", "ragged"), (None, "padded")])]
+        for layer in layers:
+            layer.build()
+    batch = int(keys.nrows())
+
+    @tf.function
+    def run():
+        def replica():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            part = slice(r * (batch // n), (r + 1) * (batch // n))
+            with tf.GradientTape():  # as in a training step: new keys get rows
+                return [tf.nest.flatten(layer(keys[part], sp_weights=weights[part])) for layer in layers]
+        return strategy.run(replica)
+    out = tf.nest.flatten(run())
+    return [np.concatenate([t.numpy() for t in strategy.experimental_local_results(o)]) for o in out]
+
+
+@pytest.mark.parametrize("sharding", ["row", "table"])
+def test_weights_and_sequences_over_sharded_tables_equal_one_device(strategy_of, sharding):
+    bags, weights = bags_and_weights(11, batch=8)
+    bags = [[[s * 1000 + k for k in bag] for s, bag in enumerate(row)] for row in bags]  # disjoint keys per slot
+    keys, sp_weights = as_layout(bags, weights, "ragged")
+    one, two = _sharded(strategy_of(1), sharding, keys, sp_weights), _sharded(strategy_of(2), sharding, keys,
+                                                                              sp_weights)
+    assert [a.shape for a in one] == [(8, SLOTS, DIM), (8, SLOTS, NNZ, DIM), (8, SLOTS, NNZ)]
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(b, a, atol=1e-7)
