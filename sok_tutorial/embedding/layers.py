@@ -28,8 +28,18 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import lifecycle
+from sok_tutorial.embedding.combiners import (
+    COMBINERS,
+    SEQUENCE_OUTPUTS,
+    combine,
+    combine_dense,
+    dense_sequence,
+    flat_weights,
+    sequence,
+    weigh,
+)
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
-from sok_tutorial.embedding.lookup import COMBINERS, combine, flatten_bags
+from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -115,7 +125,8 @@ def _slot_ids(keys: tf.Tensor) -> tf.Tensor:
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
 class DistributedEmbedding(_EmbeddingBase):
-    """Sparse keys ``[batch, slot_num, <= max_nnz]`` -> one combined vector per slot ``[batch, slot_num, dim]``.
+    """Sparse keys ``[batch, slot_num, <= max_nnz]`` -> one combined vector per slot ``[batch, slot_num, dim]``,
+    or (``combiner=None``) the sequence of each slot's vectors.
 
     Keys come as a ``tf.RaggedTensor`` ``[batch, slot_num, None]``, a ``tf.SparseTensor`` (SOK's
     layout), or a dense tensor ``[batch, slot_num]`` / ``[batch, slot_num, nnz]`` when every slot
@@ -125,7 +136,14 @@ class DistributedEmbedding(_EmbeddingBase):
     variable-length keys under a strategy train in a custom loop with ``strategy.run``.
 
     Args:
-        combiner: ``"sum"`` or ``"mean"`` over the keys of a slot (an empty slot gives zeros).
+        combiner: ``"sum"``, ``"mean"`` or ``"sqrtn"`` (sum over ``sqrt(n)``) over the ``n`` keys of a
+            slot, as ``tf.nn.embedding_lookup_sparse`` defines them; an empty slot gives zeros.
+            With ``sp_weights`` (a `call` argument: float weights shaped like the keys, a
+            ``tf.RaggedTensor`` with their row splits, a ``tf.SparseTensor`` with their indices, a
+            dense tensor of their shape) they are ``sum(w e)``, ``sum(w e) / sum(w)`` and
+            ``sum(w e) / sqrt(sum(w^2))`` (`sok_tutorial.embedding.combiners`). ``None``: no
+            combining, for sequence models: each key's vector (times its weight, if any) as
+            `sequence_output` says.
         max_vocabulary_size_per_gpu: rows of the table (per replica, once tables are sharded).
         embedding_vec_size: width of a vector, any ``>= 1``.
         slot_num: feature fields per sample.
@@ -134,28 +152,50 @@ class DistributedEmbedding(_EmbeddingBase):
         use_hashtable: dynamic vocabulary (any int64 key) or row ids.
         key_dtype: ``int64`` or ``int32``.
         embedding_initializer: a Keras initializer (uniform, normal, truncated normal, constant).
+        sequence_output: with ``combiner=None``: ``"ragged"`` gives a ``tf.RaggedTensor``
+            ``[batch, slot_num, None, dim]`` for ragged or sparse keys (dense keys
+            ``[batch, slot_num, nnz]`` give a dense ``[batch, slot_num, nnz, dim]``);
+            ``"padded"`` gives a tuple ``(vectors, mask)``: vectors ``[batch, slot_num, max_nnz,
+            dim]`` zero-padded and a bool ``mask`` ``[batch, slot_num, max_nnz]``, True where a key
+            is (Keras's ``mask`` convention), for any keys. Drawn in `sok_tutorial.embedding.combiners`.
 
     Example:
         >>> layer = DistributedEmbedding("sum", 100, 4, slot_num=2, max_nnz=3)
         >>> keys = tf.ragged.constant([[[10, 2**40], []], [[10], [7, 7, 7]]], dtype=tf.int64, ragged_rank=2)
         >>> layer(keys).shape
         TensorShape([2, 2, 4])
+        >>> layer(keys, sp_weights=tf.ragged.constant([[[0.5, 2.0], []], [[1.0], [1.0, 1.0, 3.0]]])).shape
+        TensorShape([2, 2, 4])
+        >>> DistributedEmbedding(None, 100, 4, slot_num=2, max_nnz=3)(keys).shape
+        TensorShape([2, 2, None, 4])
+        >>> vectors, mask = DistributedEmbedding(None, 100, 4, 2, 3, sequence_output="padded")(keys)
+        >>> vectors.shape, mask.numpy().astype(int).tolist()
+        (TensorShape([2, 2, 3, 4]), [[[1, 1, 0], [0, 0, 0]], [[1, 0, 0], [1, 1, 1]]])
     """
 
-    def __init__(self, combiner: str, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, slot_num: int,
-                 max_nnz: int, max_feature_num: int | None = None, use_hashtable: bool = True,
-                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform", **kwargs: Any):
+    def __init__(self, combiner: str | None, max_vocabulary_size_per_gpu: int, embedding_vec_size: int,
+                 slot_num: int, max_nnz: int, max_feature_num: int | None = None, use_hashtable: bool = True,
+                 key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
+                 sequence_output: str = "ragged", **kwargs: Any):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=use_hashtable,
                          key_dtype=key_dtype, embedding_initializer=embedding_initializer, **kwargs)
-        self.combiner = checks.one_of("combiner", combiner, COMBINERS)
+        self.combiner = checks.one_of("combiner", combiner, (*COMBINERS, None))
+        self.sequence_output = checks.one_of("sequence_output", sequence_output, SEQUENCE_OUTPUTS)
+        if combiner is not None and sequence_output != "ragged":
+            raise ValueError(f"sequence_output={sequence_output!r} is invalid with combiner={combiner!r}: it shapes "
+                             "the uncombined vectors of combiner=None")
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.max_nnz = checks.positive_int("max_nnz", max_nnz)
         self.max_feature_num = (slot_num * max_nnz if max_feature_num is None
                                 else checks.positive_int("max_feature_num", max_feature_num))
 
-    def call(self, inputs: Any, training: Any = None) -> tf.Tensor:
+    def call(self, inputs: Any, training: Any = None, sp_weights: Any = None) -> Any:
         if not isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
-            return self._call_dense(tf.convert_to_tensor(inputs), training)
+            return self._call_dense(tf.convert_to_tensor(inputs), training, sp_weights)
+        if self.combiner is None and isinstance(inputs, tf.SparseTensor):  # a sequence keeps the keys' order
+            inputs = tf.sparse.reorder(inputs)
+            sp_weights = tf.sparse.reorder(sp_weights) if isinstance(sp_weights, tf.SparseTensor) else sp_weights
+        weights = None if sp_weights is None else flat_weights(inputs, sp_weights, name=f"{self.name}: sp_weights")
         flat, segments, num_bags = flatten_bags(inputs, self.slot_num, max_nnz=self.max_nnz, layer=self.name)
         flat = self._check_keys(flat)
         batch = num_bags // self.slot_num
@@ -164,34 +204,56 @@ class DistributedEmbedding(_EmbeddingBase):
                                        message=f"{self.name}: a sample holds more keys than "
                                                f"max_feature_num={self.max_feature_num}")
         vectors = self._vectors(flat, training, slots=lambda: segments % self.slot_num)
-        bags = combine(vectors, segments, num_bags, self.combiner)
+        if self.combiner is None:
+            return sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), segments, num_bags, self.slot_num,
+                            self.max_nnz, self.sequence_output)
+        bags = combine(vectors, segments, num_bags, self.combiner, weights)
         return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
 
-    def _call_dense(self, keys: tf.Tensor, training: Any) -> tf.Tensor:
+    def _call_dense(self, keys: tf.Tensor, training: Any, sp_weights: Any) -> Any:
         """Every slot holds the same number of keys: bags are a reshape, no segment reduction."""
+        weights = None if sp_weights is None else flat_weights(keys, sp_weights, name=f"{self.name}: sp_weights")
         if keys.shape.rank == 2:
             keys = keys[:, :, None]
         if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
             raise ValueError(f"{self.name}: dense keys must be [batch, slot_num={self.slot_num}] or "
                              f"[batch, slot_num={self.slot_num}, nnz], got shape {keys.shape}")
-        nnz = keys.shape[2]
-        if nnz is not None and (nnz > self.max_nnz or nnz * self.slot_num > self.max_feature_num):
+        nnz, most = keys.shape[2], min(self.max_nnz, self.max_feature_num // self.slot_num)
+        if nnz is not None and nnz > most:
             raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
                              f"or max_feature_num={self.max_feature_num} allow")
+        tf.debugging.assert_less_equal(tf.shape(keys)[2], most, message=f"{self.name}: dense keys hold more keys per "
+                                       f"slot than max_nnz={self.max_nnz} or max_feature_num allow")
         vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training, slots=lambda: _slot_ids(keys))
-        if nnz == 1:
-            bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
-        else:
-            bags = tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size])
-            bags = tf.reduce_sum(bags, axis=2) if self.combiner == "sum" else tf.reduce_mean(bags, axis=2)
+        vectors = tf.ensure_shape(tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size]),
+                                  [None, self.slot_num, nnz, self.embedding_vec_size])  # (B, S, N, D)
+        weights = None if weights is None else tf.reshape(weights, tf.shape(keys))  # (B, S, N)
+        if self.combiner is None:
+            return dense_sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), self.max_nnz,
+                                  self.sequence_output)
+        bags = vectors[:, :, 0] if nnz == 1 and weights is None else combine_dense(vectors, self.combiner, weights)
         return tf.cast(bags, self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
-        return (input_shape[0], self.slot_num, self.embedding_vec_size)
+        batch, dim = input_shape[0], self.embedding_vec_size
+        if self.combiner is not None:
+            return (batch, self.slot_num, dim)
+        if self.sequence_output == "padded":
+            return ((batch, self.slot_num, self.max_nnz, dim), (batch, self.slot_num, self.max_nnz))
+        return (batch, self.slot_num, input_shape[2] if len(input_shape) == 3 else 1, dim)
+
+    def compute_output_spec(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        shape = self.compute_output_shape(tuple(inputs.shape))
+        if self.combiner is None and self.sequence_output == "padded":
+            return keras.KerasTensor(shape[0], self.compute_dtype), keras.KerasTensor(shape[1], "bool")
+        if self.combiner is None and (getattr(inputs, "sparse", False) or getattr(inputs, "ragged", False)):
+            return keras.KerasTensor((*shape[:2], None, shape[3]), self.compute_dtype, ragged=True)
+        return keras.KerasTensor(shape, self.compute_dtype)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "combiner": self.combiner, "slot_num": self.slot_num,
-                "max_nnz": self.max_nnz, "max_feature_num": self.max_feature_num}
+                "max_nnz": self.max_nnz, "max_feature_num": self.max_feature_num,
+                "sequence_output": self.sequence_output}
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")

@@ -19,10 +19,11 @@ from typing import Any
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.combiners import COMBINERS, combine, flat_weights, scale, weigh
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
-COMBINERS = ("sum", "mean")
+__all__ = ["COMBINERS", "combine", "flatten_bags", "group_embedding_lookup_sparse"]
 
 
 def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
@@ -38,7 +39,7 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
             raise ValueError(f"{layer}: ragged keys must be [batch, slot_num={slot_num}, None], "
                              f"got ragged_rank={keys.ragged_rank}, shape={keys.shape}")
         if keys.ragged_rank == 1:  # [batch, (slots), nnz] with a fixed nnz: make the inner lists ragged
-            keys = tf.RaggedTensor.from_tensor(keys.to_tensor(), ragged_rank=2)
+            keys = keys.with_values(tf.RaggedTensor.from_tensor(keys.values))
         slots = keys.row_lengths()
         tf.debugging.assert_equal(slots, tf.cast(slot_num, slots.dtype),
                                   message=f"{layer}: every row needs slot_num={slot_num} slots")
@@ -70,15 +71,6 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
     return flat, tf.cast(segments, tf.int64), tf.cast(num_bags, tf.int64)
 
 
-def combine(vectors: tf.Tensor, segments: tf.Tensor, num_bags: tf.Tensor, combiner: str) -> tf.Tensor:
-    """Sum or mean of the vectors of each bag, ``[num_bags, dim]``; an empty bag gives zeros."""
-    sums = tf.math.unsorted_segment_sum(vectors, segments, num_bags)
-    if combiner == "sum":
-        return sums
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(segments, vectors.dtype), segments, num_bags)
-    return sums / tf.maximum(counts, 1)[:, None]
-
-
 def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor | None]:
     """(values, row of each value, rows, slot of each value or None) of a ``[batch, None]``
     SparseTensor or RaggedTensor, or of a ``[batch, slot, None]`` RaggedTensor (slots kept)."""
@@ -87,7 +79,7 @@ def _ids(ids: Any, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tenso
     if isinstance(ids, tf.RaggedTensor):
         if ids.shape.rank == 3:
             if ids.ragged_rank == 1:  # [batch, (slots), nnz] with a fixed nnz
-                ids = tf.RaggedTensor.from_tensor(ids.to_tensor(), ragged_rank=2)
+                ids = ids.with_values(tf.RaggedTensor.from_tensor(ids.values))
             bag = ids.values.value_rowids()  # inner list (batch, slot) of each value
             sample = tf.gather(ids.value_rowids(), bag)
             return ids.flat_values, sample, ids.nrows(), bag - tf.gather(ids.row_splits, sample)
@@ -127,7 +119,12 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
             ``tf.RaggedTensor`` ``[batch, slot, None]`` keeps each key's slot, which a SOK layer
             with several slots placed table-wise needs (each slot lives on its own replica); all
             of a sample's keys still form one bag.
-        combiners: ``"sum"`` or ``"mean"`` per table.
+        combiners: ``"sum"``, ``"mean"`` or ``"sqrtn"`` per table (`sok_tutorial.embedding.combiners`).
+        sp_weights: None, or a list aligned with `sp_ids` whose entries are None or float weights
+            shaped like those ids (a ``tf.SparseTensor`` with the same indices, a ``tf.RaggedTensor``
+            with the same row splits). Weighted combiners are ``tf.nn.embedding_lookup_sparse``'s:
+            ``sum(w e)``, ``sum(w e) / sum(w)``, ``sum(w e) / sqrt(sum(w^2))``. (DeepRec takes no
+            weights here.)
         fused: reduce all tables of the same width with one segment sum. Off by default: on CPU,
             one segment sum per table trains about twice as fast (26 tables of dim 16, batch 8192:
             ``benchmarks/embedding.py``, group_lookup_loop vs group_lookup_fused), the concatenation
@@ -142,20 +139,28 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         >>> [t.numpy().tolist() for t in group_embedding_lookup_sparse([table], [ids], ["sum"])]
         [[[4.0, 6.0], [2.0, 3.0]]]
     """
-    if sp_weights is not None:
-        raise NotImplementedError("group_embedding_lookup_sparse: sp_weights are not supported (as in DeepRec)")
     checks.one_of("partition_strategy", partition_strategy, ("mod",))
     if not (len(params) == len(sp_ids) == len(combiners)):
         raise ValueError(f"params, sp_ids and combiners differ in length: {len(params)}, {len(sp_ids)}, "
                          f"{len(combiners)}")
+    if sp_weights is None:
+        sp_weights = [None] * len(sp_ids)
+    elif not isinstance(sp_weights, (list, tuple)) or len(sp_weights) != len(sp_ids):
+        got = f"a {type(sp_weights).__name__}" + (f" of length {len(sp_weights)}" if isinstance(sp_weights, (
+            list, tuple)) else "")
+        raise ValueError(f"sp_weights is invalid: expected None or a list of {len(sp_ids)} entries aligned with "
+                         f"sp_ids (each None or weights shaped like its ids), got {got}")
     for i, c in enumerate(combiners):
         checks.one_of(f"combiners[{i}]", c, COMBINERS)
     with tf.name_scope(name or "group_embedding_lookup_sparse"):
         parts = [_ids(ids, f"sp_ids[{i}]") for i, ids in enumerate(sp_ids)]
+        weights = [None if w is None else flat_weights(ids, w, name=f"sp_weights[{i}]")
+                   for i, (ids, w) in enumerate(zip(sp_ids, sp_weights))]
         vectors = [_lookup(p, tf.cast(v, tf.int64), slots, f"sp_ids[{i}]")
                    for i, (p, (v, _, _, slots)) in enumerate(zip(params, parts))]
         if not fused:
-            return [combine(vec, seg, n, c) for vec, (_, seg, n, _), c in zip(vectors, parts, combiners)]
+            return [combine(vec, seg, n, c, w)
+                    for vec, (_, seg, n, _), c, w in zip(vectors, parts, combiners, weights)]
         out: list[tf.Tensor | None] = [None] * len(params)
         by_width: dict[int, list[int]] = {}
         for i, vec in enumerate(vectors):
@@ -163,12 +168,9 @@ def group_embedding_lookup_sparse(params: Sequence[Any], sp_ids: Sequence[Any], 
         for group in by_width.values():
             n = parts[group[0]][2]
             segments = tf.concat([parts[i][1] + k * n for k, i in enumerate(group)], 0)
-            sums = tf.math.unsorted_segment_sum(tf.concat([vectors[i] for i in group], 0), segments, len(group) * n)
+            weighted = tf.concat([weigh(vectors[i], weights[i]) for i in group], 0)
+            sums = tf.math.unsorted_segment_sum(weighted, segments, len(group) * n)
             sums = tf.reshape(sums, [len(group), n, -1])
             for k, i in enumerate(group):
-                if combiners[i] == "mean":
-                    count = tf.math.unsorted_segment_sum(tf.ones_like(parts[i][1], sums.dtype), parts[i][1], n)
-                    out[i] = sums[k] / tf.maximum(count, 1)[:, None]
-                else:
-                    out[i] = sums[k]
+                out[i] = scale(sums[k], parts[i][1], n, combiners[i], weights[i])
         return out

@@ -42,11 +42,14 @@ def reference(bags: list, table: np.ndarray, row_of: dict, combiner: str) -> np.
         for s, bag in enumerate(row):
             if bag:
                 vecs = np.stack([table[row_of[k]] for k in bag])
-                out[b, s] = vecs.sum(0) if combiner == "sum" else vecs.mean(0)
+                out[b, s] = vecs.sum(0) / DIVISOR[combiner](len(bag))
     return out
 
 
-@pytest.mark.parametrize("combiner", ["sum", "mean"])
+DIVISOR = {"sum": lambda n: 1.0, "mean": float, "sqrtn": np.sqrt}  # what a bag's sum of n vectors is divided by
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("use_hashtable", [True, False])
 def test_forward_and_backward_match_numpy(combiner, use_hashtable):
     rng = np.random.default_rng(0)
@@ -69,11 +72,11 @@ def test_forward_and_backward_match_numpy(combiner, use_hashtable):
     for b, row in enumerate(bags):
         for s, bag in enumerate(row):
             for k in bag:
-                expected[rows[k]] += w[b, s] / (1 if combiner == "sum" else len(bag))
+                expected[rows[k]] += w[b, s] / DIVISOR[combiner](len(bag))
     np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_matches_tf_embedding_lookup_sparse(combiner):
     rng = np.random.default_rng(1)
     layer = sok.DistributedEmbedding(combiner, 50, 6, slot_num=1, max_nnz=5, use_hashtable=False)
@@ -99,7 +102,7 @@ def tf_lookup_sparse(table: tf.Variable, bags: list, row_of: dict, combiner: str
     return tf.reshape(out, [len(bags), len(bags[0]), table.shape[1]])
 
 
-@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 @pytest.mark.parametrize("use_hashtable", [False, True])
 def test_forward_and_gradients_match_tf_embedding_lookup_sparse(combiner, use_hashtable):
     """Random ragged bags with empty slots (a whole empty last example too) and repeated keys; row ids
@@ -146,7 +149,7 @@ def test_sparse_tensor_inputs_in_both_layouts():
     np.testing.assert_allclose(layer(sparse2).numpy(), expected)
 
 
-@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_dense_keys_equal_the_ragged_path(combiner):
     rng = np.random.default_rng(3)
     layer = sok.DistributedEmbedding(combiner, 300, 4, slot_num=3, max_nnz=2, use_hashtable=False)
@@ -355,7 +358,7 @@ def test_group_lookup_matches_separate_lookups():
     tables = [tf.Variable(rng.random((n, d)), dtype=tf.float32) for n, d in [(30, 4), (50, 4), (20, 2)]]
     ids = [tf.ragged.constant([list(rng.integers(0, t.shape[0], rng.integers(0, 4))) for _ in range(9)],
                               dtype=tf.int64) for t in tables]
-    combiners = ["sum", "mean", "mean"]
+    combiners = ["sum", "sqrtn", "mean"]
     fused = sok.group_embedding_lookup_sparse(tables, ids, combiners)
     loop = sok.group_embedding_lookup_sparse(tables, ids, combiners, fused=False)
     for t, i, c, f, lo in zip(tables, ids, combiners, fused, loop):
