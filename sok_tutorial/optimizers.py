@@ -15,6 +15,8 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 * `LazyAdam`: Adam whose bias correction counts, per row, the steps that updated the row, so a
   rarely seen row is corrected as fully as a frequent one. For a row touched at every step it
   equals `Adam`.
+* `Ftrl`: Keras' FTRL-Proximal on the touched rows (`sok_tutorial.optimizers_adagrad`, with
+  `Adagrad`); untouched rows keep their values, where Keras' dense FTRL recomputes every weight.
 
 Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
 """
@@ -26,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from sok_tutorial.embedding.table import table_of
+from sok_tutorial.optimizers_adagrad import Adagrad, Ftrl
 from sok_tutorial.optimizers_base import (
     _exclude_tables_from_weight_decay,
     _gather,
@@ -35,6 +38,8 @@ from sok_tutorial.optimizers_base import (
     _touched,
     _write,
 )
+
+__all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl"]
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -56,23 +61,6 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
         _write(self, m, rows, m_new)
         step = m_new * momentum - g * lr if self.nesterov else m_new
         _write(self, variable, rows, _gather(variable, rows) + step)
-        return None
-
-
-@keras.saving.register_keras_serializable(package="sok_tutorial")
-class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
-    """``keras.optimizers.Adagrad`` that updates only the touched rows (and accumulators)."""
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        lr = tf.cast(learning_rate, variable.dtype)
-        rows, g = _touched(gradient, variable.dtype)
-        accumulator = self._accumulators[self._get_variable_index(variable)]
-        acc = _gather(accumulator, rows) + tf.square(g)
-        _write(self, accumulator, rows, acc)
-        _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
         return None
 
 

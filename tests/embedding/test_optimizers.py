@@ -40,6 +40,12 @@ CASES = [
     (optimizers.Adagrad, keras.optimizers.Adagrad, {"learning_rate": 0.1}),
     (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01}),
     (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01, "amsgrad": True}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1, "learning_rate_power": -0.3,
+                                              "initial_accumulator_value": 0.5, "l1_regularization_strength": 0.01,
+                                              "l2_regularization_strength": 0.02, "beta": 0.3,
+                                              "l2_shrinkage_regularization_strength": 0.05}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1, "learning_rate_power": 0.0}),
 ]
 
 

@@ -1,0 +1,80 @@
+"""The accumulator optimizers, sparse: `Adagrad` and `Ftrl` (FTRL-Proximal).
+
+Both keep a running sum of squared gradients per coordinate; FTRL adds a ``linear`` slot from
+which it recomputes the weights. On a table, only the touched rows and their slots are read and
+written (`sok_tutorial.optimizers_base`). `sok_tutorial.optimizers` re-exports both.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from sok_tutorial.optimizers_base import _gather, _sparse, _SparseMixin, _touched, _write
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
+    """``keras.optimizers.Adagrad`` that updates only the touched rows (and accumulators)."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        lr = tf.cast(learning_rate, variable.dtype)
+        rows, g = _touched(gradient, variable.dtype)
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        acc = _gather(accumulator, rows) + tf.square(g)
+        _write(self, accumulator, rows, acc)
+        _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
+        return None
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class Ftrl(_SparseMixin, keras.optimizers.Ftrl):
+    """``keras.optimizers.Ftrl`` (FTRL-Proximal) that updates only the touched rows and their slots.
+
+    Same arguments and maths as Keras' Ftrl (``learning_rate_power``, ``initial_accumulator_value``,
+    ``l1_regularization_strength``, ``l2_regularization_strength``,
+    ``l2_shrinkage_regularization_strength``, ``beta``), applied to the rows a step touched; a
+    touched row ends where Keras would put it. Keras' dense update also rewrites every untouched
+    weight from its ``linear`` slot (``w = (clip(z, -l1, l1) - z) / quadratic``, which is zero for
+    a row never trained, whatever its initial value); here untouched rows keep their values, as in
+    TensorFlow's ``SparseApplyFtrl``.
+
+    Example:
+        >>> from sok_tutorial.embedding import EmbeddingTable
+        >>> table = EmbeddingTable(3, 1, dynamic=False)
+        >>> table.build()
+        >>> _ = table.variable.assign([[1.0], [2.0], [3.0]])
+        >>> opt = Ftrl(learning_rate=0.1, l1_regularization_strength=0.01)
+        >>> opt.apply([tf.IndexedSlices(tf.constant([[0.5]]), tf.constant([2]))], [table.variable])
+        >>> [round(float(x), 4) for x in table.variable.numpy().ravel()]  # only row 2 moved
+        [1.0, 2.0, 1.3102]
+
+    References:
+        McMahan et al., "Ad Click Prediction: a View from the Trenches", KDD 2013.
+    """
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        lr = tf.cast(learning_rate, variable.dtype)
+        rows, g = _touched(gradient, variable.dtype)
+        index = self._get_variable_index(variable)
+        accumulator, linear = self._accumulators[index], self._linears[index]
+        acc, z, w = _gather(accumulator, rows), _gather(linear, rows), _gather(variable, rows)
+        # Keras' order of operations, so that a touched row matches its dense update to rounding
+        power = -self.learning_rate_power
+        l2 = self.l2_regularization_strength + self.beta / (2.0 * lr)
+        new_acc = acc + tf.square(g)
+        new_z = z + ((g + 2 * self.l2_shrinkage_regularization_strength * w)
+                     - (tf.pow(new_acc, power) - tf.pow(acc, power)) / lr * w)
+        quadratic = tf.pow(new_acc, power) / lr + 2 * l2
+        l1 = self.l1_regularization_strength
+        _write(self, linear, rows, new_z)
+        _write(self, variable, rows, (tf.clip_by_value(new_z, -l1, l1) - new_z) / quadratic)
+        _write(self, accumulator, rows, new_acc)
+        return None
