@@ -15,8 +15,13 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 * `LazyAdam`: Adam whose bias correction counts, per row, the steps that updated the row, so a
   rarely seen row is corrected as fully as a frequent one. For a row touched at every step it
   equals `Adam`.
-* `Ftrl`: Keras' FTRL-Proximal on the touched rows (`sok_tutorial.optimizers_adagrad`, with
-  `Adagrad`); untouched rows keep their values, where Keras' dense FTRL recomputes every weight.
+* `Ftrl`: Keras' FTRL-Proximal on the touched rows; untouched rows keep their values, where
+  Keras' dense FTRL recomputes every weight.
+* `RowWiseAdagrad`: TorchRec's row-wise Adagrad, one accumulator scalar per table row (1 float
+  of state per row instead of ``dim``); plain Adagrad for other variables.
+
+`Adagrad`, `Ftrl` and `RowWiseAdagrad` live in `sok_tutorial.optimizers_adagrad`, the shared
+machinery in `sok_tutorial.optimizers_base`; all are importable from here.
 
 Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
 """
@@ -28,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from sok_tutorial.embedding.table import table_of
-from sok_tutorial.optimizers_adagrad import Adagrad, Ftrl
+from sok_tutorial.optimizers_adagrad import Adagrad, Ftrl, RowWiseAdagrad
 from sok_tutorial.optimizers_base import (
     _exclude_tables_from_weight_decay,
     _gather,
@@ -39,7 +44,7 @@ from sok_tutorial.optimizers_base import (
     _write,
 )
 
-__all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl"]
+__all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl", "RowWiseAdagrad"]
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")

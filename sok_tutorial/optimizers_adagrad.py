@@ -1,8 +1,10 @@
-"""The accumulator optimizers, sparse: `Adagrad` and `Ftrl` (FTRL-Proximal).
+"""The accumulator optimizers, sparse: `Adagrad`, `RowWiseAdagrad` and `Ftrl` (FTRL-Proximal).
 
-Both keep a running sum of squared gradients per coordinate; FTRL adds a ``linear`` slot from
-which it recomputes the weights. On a table, only the touched rows and their slots are read and
-written (`sok_tutorial.optimizers_base`). `sok_tutorial.optimizers` re-exports both.
+Adagrad and FTRL keep a running sum of squared gradients per coordinate (FTRL adds a ``linear``
+slot from which it recomputes the weights); `RowWiseAdagrad` keeps one per table row, which
+costs a table 1 float per row of optimizer state instead of ``dim``. On a table, only the
+touched rows and their slots are read and written (`sok_tutorial.optimizers_base`).
+`sok_tutorial.optimizers` re-exports all three.
 """
 from __future__ import annotations
 
@@ -11,7 +13,16 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from sok_tutorial.optimizers_base import _gather, _sparse, _SparseMixin, _touched, _write
+from sok_tutorial.embedding.table import table_of
+from sok_tutorial.optimizers_base import (
+    _exclude_tables_from_weight_decay,
+    _gather,
+    _slot_prefix,
+    _sparse,
+    _SparseMixin,
+    _touched,
+    _write,
+)
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -28,6 +39,66 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
         acc = _gather(accumulator, rows) + tf.square(g)
         _write(self, accumulator, rows, acc)
         _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
+        return None
+
+
+@keras.saving.register_keras_serializable(package="sok_tutorial")
+class RowWiseAdagrad(Adagrad):
+    """Row-wise Adagrad (TorchRec's ``EXACT_ROWWISE_ADAGRAD``): one accumulator per table row.
+
+    For each touched row ``r`` of an embedding table, with ``g`` its summed gradient ``[dim]``::
+
+        acc[r] += mean(g ** 2)                 # one scalar per row: slot shape [rows]
+        w[r]   -= learning_rate * g / (sqrt(acc[r]) + epsilon)
+
+    A table's optimizer state is then 1 float per row instead of ``dim`` (Adagrad) or ``2 * dim``
+    (Adam). Variables that are not embedding tables (dense layers) get plain `Adagrad`, an
+    accumulator per element, as TorchRec leaves them to a dense optimizer.
+
+    Args:
+        learning_rate: float or a Keras schedule.
+        initial_accumulator_value: each accumulator's start (Keras' Adagrad default, 0.1;
+            TorchRec starts at 0).
+        epsilon: added to ``sqrt(acc)`` (outside the root, as in TorchRec; Keras' Adagrad adds
+            it inside).
+        **kwargs: the other arguments of ``keras.optimizers.Adagrad`` (clipnorm, name...).
+
+    Example:
+        >>> from sok_tutorial.embedding import EmbeddingTable
+        >>> table = EmbeddingTable(3, 2, dynamic=False)
+        >>> table.build()
+        >>> _ = table.variable.assign(tf.ones([3, 2]))
+        >>> opt = RowWiseAdagrad(learning_rate=0.1, initial_accumulator_value=0.0, epsilon=0.0)
+        >>> opt.apply([tf.IndexedSlices(tf.constant([[3.0, 4.0]]), tf.constant([1]))], [table.variable])
+        >>> [round(float(x), 4) for x in table.variable.numpy()[1]]  # acc = (9 + 16) / 2
+        [0.9151, 0.8869]
+        >>> [tuple(v.shape) for v in table.optimizer_slots(opt)]  # one accumulator per row
+        [(3,)]
+
+    References:
+        Duchi et al., "Adaptive Subgradient Methods for Online Learning and Stochastic
+        Optimization", JMLR 2011; FBGEMM's ``rowwise_adagrad`` embedding update.
+    """
+
+    def _build_slots(self, var_list: list[Any]) -> None:
+        keras.optimizers.Optimizer.build(self, var_list)
+        start = keras.initializers.Constant(self.initial_accumulator_value)
+        self._accumulators = [
+            self.add_variable((int(var.shape[0]),), initializer=start, dtype=var.dtype,
+                              name=f"{_slot_prefix(var)}_accumulator")
+            if table_of(var) is not None else self.add_variable_from_reference(var, "accumulator", initializer=start)
+            for var in var_list]
+        _exclude_tables_from_weight_decay(self, var_list)
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if table_of(variable) is None:
+            return super().update_step(gradient, variable, learning_rate)
+        rows, g = _touched(_sparse(gradient, variable), variable.dtype)  # (U,), (U, dim)
+        accumulator = self._accumulators[self._get_variable_index(variable)]
+        acc = _gather(accumulator, rows) + tf.reduce_mean(tf.square(g), axis=1)  # (U,)
+        _write(self, accumulator, rows, acc)
+        scale = tf.cast(learning_rate, variable.dtype) / (tf.sqrt(acc) + self.epsilon)
+        _write(self, variable, rows, _gather(variable, rows) - scale[:, None] * g)
         return None
 
 
