@@ -23,7 +23,10 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 `Adagrad`, `Ftrl` and `RowWiseAdagrad` live in `sok_tutorial.optimizers_adagrad`, the shared
 machinery in `sok_tutorial.optimizers_base`; all are importable from here.
 
-Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
+A row that a table gives to a new key after evicting the old one (`EmbeddingTable.fresh_rows`)
+starts its slots afresh: zeros for momenta, Adam's moments, LazyAdam's count and FTRL's linear
+slot, ``initial_accumulator_value`` for accumulators. Weight decay, when set, applies to dense
+variables only (it would otherwise touch every row).
 """
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ from sok_tutorial.embedding.table import table_of
 from sok_tutorial.optimizers_adagrad import Adagrad, Ftrl, RowWiseAdagrad
 from sok_tutorial.optimizers_base import (
     _exclude_tables_from_weight_decay,
+    _fresh,
     _gather,
+    _restart,
     _slot_prefix,
     _sparse,
     _SparseMixin,
@@ -57,12 +62,13 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
             return super().update_step(gradient, variable, learning_rate)
         lr = tf.cast(learning_rate, variable.dtype)
         rows, g = _touched(gradient, variable.dtype)
+        fresh = _fresh(variable, rows)
         if self.momentum == 0:
             _write(self, variable, rows, _gather(variable, rows) - g * lr)
             return None
         momentum = tf.cast(self.momentum, variable.dtype)
         m = self.momentums[self._get_variable_index(variable)]
-        m_new = _gather(m, rows) * momentum - g * lr
+        m_new = _restart(_gather(m, rows), fresh) * momentum - g * lr
         _write(self, m, rows, m_new)
         step = m_new * momentum - g * lr if self.nesterov else m_new
         _write(self, variable, rows, _gather(variable, rows) + step)
@@ -119,11 +125,12 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
         if not isinstance(gradient, tf.IndexedSlices):
             return keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
         rows, g = _touched(gradient, variable.dtype)
+        fresh = _fresh(variable, rows)
         index = self._get_variable_index(variable)
         slot = self._fused[index]
         if slot is not None:  # an embedding table: all its moments in one slot
             dim = int(variable.shape[-1])
-            moments = _gather(slot, rows)
+            moments = _restart(_gather(slot, rows), fresh)  # m, v, v_hat and LazyAdam's count all start at 0
             m_rows, v_rows = moments[:, :dim], moments[:, dim:2 * dim]
             v_hat_rows = moments[:, 2 * dim:3 * dim] if self.amsgrad else None
             steps = moments[:, -1:] + 1 if self._row_counts else None

@@ -16,7 +16,9 @@ import tensorflow as tf
 from sok_tutorial.embedding.table import table_of
 from sok_tutorial.optimizers_base import (
     _exclude_tables_from_weight_decay,
+    _fresh,
     _gather,
+    _restart,
     _slot_prefix,
     _sparse,
     _SparseMixin,
@@ -36,7 +38,8 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
         lr = tf.cast(learning_rate, variable.dtype)
         rows, g = _touched(gradient, variable.dtype)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        acc = _gather(accumulator, rows) + tf.square(g)
+        acc = _restart(_gather(accumulator, rows), _fresh(variable, rows), self.initial_accumulator_value)
+        acc = acc + tf.square(g)
         _write(self, accumulator, rows, acc)
         _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
         return None
@@ -95,7 +98,8 @@ class RowWiseAdagrad(Adagrad):
             return super().update_step(gradient, variable, learning_rate)
         rows, g = _touched(_sparse(gradient, variable), variable.dtype)  # (U,), (U, dim)
         accumulator = self._accumulators[self._get_variable_index(variable)]
-        acc = _gather(accumulator, rows) + tf.reduce_mean(tf.square(g), axis=1)  # (U,)
+        acc = _restart(_gather(accumulator, rows), _fresh(variable, rows), self.initial_accumulator_value)
+        acc = acc + tf.reduce_mean(tf.square(g), axis=1)  # (U,)
         _write(self, accumulator, rows, acc)
         scale = tf.cast(learning_rate, variable.dtype) / (tf.sqrt(acc) + self.epsilon)
         _write(self, variable, rows, _gather(variable, rows) - scale[:, None] * g)
@@ -136,7 +140,9 @@ class Ftrl(_SparseMixin, keras.optimizers.Ftrl):
         rows, g = _touched(gradient, variable.dtype)
         index = self._get_variable_index(variable)
         accumulator, linear = self._accumulators[index], self._linears[index]
-        acc, z, w = _gather(accumulator, rows), _gather(linear, rows), _gather(variable, rows)
+        fresh = _fresh(variable, rows)
+        acc = _restart(_gather(accumulator, rows), fresh, self.initial_accumulator_value)
+        z, w = _restart(_gather(linear, rows), fresh), _gather(variable, rows)
         # Keras' order of operations, so that a touched row matches its dense update to rounding
         power = -self.learning_rate_power
         l2 = self.l2_regularization_strength + self.beta / (2.0 * lr)

@@ -4,6 +4,11 @@ An optimizer's sparse path reads a gradient's distinct rows (`_touched`), gather
 the variable and of each slot (`_gather`), computes Keras' formula on them and writes them back
 whole (`_write`). Embedding tables always take this path, even for a dense gradient (`_sparse`),
 so their untouched rows and slots are never read or written.
+
+A table that evicts keys gives an evicted key's row to a new key. The new key must not inherit
+the old one's optimizer state, so each update of a table's rows asks the table once which of
+them are fresh (`_fresh`, `EmbeddingTable.fresh_rows`) and starts their gathered slot values
+afresh (`_restart`); a table that never reuses a row answers None, and nothing is added.
 """
 from __future__ import annotations
 
@@ -36,6 +41,22 @@ def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
 
 def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
     optimizer.assign(variable, tf.IndexedSlices(values, rows))
+
+
+def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
+    """Which of `rows` (distinct) of a table went to a new key since their last update, bool ``[U]``,
+    clearing the marks; None for other variables and for tables that never reuse a row. Call it
+    once per update of a variable's rows, slots or not, so that the marks are cleared."""
+    table = table_of(variable)
+    return None if table is None else table.fresh_rows(rows)
+
+
+def _restart(values: tf.Tensor, fresh: tf.Tensor | None, initial: Any = 0.0) -> tf.Tensor:
+    """Gathered slot rows `values` ``[U, ...]`` with the `fresh` ones at the slot's `initial` value."""
+    if fresh is None:
+        return values
+    mask = tf.reshape(fresh, [-1] + [1] * (values.shape.rank - 1))  # (U, 1, ...): broadcast over a row
+    return tf.where(mask, tf.cast(initial, values.dtype), values)
 
 
 def _sparse(gradient: Any, variable: Any) -> Any:
