@@ -23,10 +23,27 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 `Adagrad`, `Ftrl` and `RowWiseAdagrad` live in `sok_tutorial.optimizers_adagrad`, the shared
 machinery in `sok_tutorial.optimizers_base`; all are importable from here.
 
-A row that a table gives to a new key after evicting the old one (`EmbeddingTable.fresh_rows`)
-starts its slots afresh: zeros for momenta, Adam's moments, LazyAdam's count and FTRL's linear
-slot, ``initial_accumulator_value`` for accumulators. Weight decay, when set, applies to dense
-variables only (it would otherwise touch every row).
+A table may have its own optimizer (``EmbeddingTable(..., optimizer=Ftrl(...))`` or the SOK
+layers' ``optimizer=``): the model's optimizer, any of these, hands that table's gradients to it
+and updates everything else itself (`sok_tutorial.optimizers_base`), in ``model.fit`` as in a
+custom loop. A row that a table gives to a new key after evicting the old one
+(`EmbeddingTable.fresh_rows`) starts its slots afresh: zeros for momenta, Adam's moments,
+LazyAdam's count and FTRL's linear slot, ``initial_accumulator_value`` for accumulators.
+Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
+
+Example:
+    >>> from sok_tutorial.embedding import EmbeddingTable
+    >>> wide = EmbeddingTable(10, 2, dynamic=False, optimizer=Ftrl(0.1), name="wide")
+    >>> deep = EmbeddingTable(10, 2, dynamic=False, name="deep")
+    >>> wide.build()
+    >>> deep.build()
+    >>> opt = Adam(0.01)  # the model's optimizer: deep's rows; wide's go to its Ftrl
+    >>> grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([4]))
+    >>> opt.apply([grad, grad], [wide.variable, deep.variable])
+    >>> int(opt.iterations), int(wide.optimizer.iterations)
+    (1, 1)
+    >>> [v.name.split("_")[-1] for v in wide.optimizer_slots(opt)]  # wide's state is Ftrl's
+    ['accumulator', 'linear']
 """
 from __future__ import annotations
 
