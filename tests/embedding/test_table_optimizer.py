@@ -164,3 +164,45 @@ def test_table_optimizers_under_mirrored_strategy_train_as_on_one_device(strateg
     _reference(twin, x, y)
     _assert_same(model, twin)
     assert int(ftrl.iterations.numpy()) == int(adam.iterations.numpy()) == STEPS
+
+
+def test_the_sok_layers_optimizer_argument_gives_their_table_its_own():
+    import sok_tutorial as sok
+
+    layer = sok.All2AllDenseEmbedding(20, 2, slot_num=1, nnz_per_slot=1, use_hashtable=False,
+                                      optimizer=optimizers.Ftrl(0.1))
+    layer.build()
+    alone = EmbeddingTable(20, 2, dynamic=False)
+    alone.build()
+    alone.variable.assign(layer.embedding_variable.numpy())
+    grad = tf.IndexedSlices(tf.constant([[0.5, -1.0]]), tf.constant([3]))
+    optimizers.SGD(1.0).apply([grad], [layer.embedding_variable])
+    optimizers.Ftrl(0.1).apply([grad], [alone.variable])
+    np.testing.assert_array_equal(layer.embedding_variable.numpy(), alone.variable.numpy())
+
+
+def _fit_row_sharded(strategy, own: bool) -> dict[int, np.ndarray]:
+    import sok_tutorial as sok
+
+    rng = np.random.default_rng(4)
+    x = rng.integers(-10**12, 10**12, (128, 4))
+    y = (x[:, :1] % 3 == 0).astype("float32")
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        inp = keras.Input([4], dtype="int64")
+        layer = sok.DistributedEmbedding("sum", 500, 4, slot_num=4, max_nnz=1, sharding="row", name="emb",
+                                         optimizer=optimizers.Adam(0.05) if own else None)
+        out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Reshape([16])(layer(inp)))
+        model = keras.Model(inp, out)
+        model.compile(optimizers.Adam(0.05), "binary_crossentropy")
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, shuffle=False)
+    if own:  # two steps, taken by the table's own Adam
+        assert int(layer.table.optimizer.iterations.numpy()) == 2 and layer.table.num_shards == 2
+    rows = layer.table.export()
+    return dict(zip(rows["keys"].tolist(), rows["vectors"]))
+
+
+def test_a_row_sharded_table_with_its_own_optimizer_trains_as_with_the_models(strategy_of):
+    own, shared = _fit_row_sharded(strategy_of(2), True), _fit_row_sharded(strategy_of(2), False)
+    assert own.keys() == shared.keys()
+    np.testing.assert_allclose(np.stack([own[k] for k in shared]), np.stack(list(shared.values())), rtol=1e-6)
