@@ -168,6 +168,8 @@ class _SparseMixin:
         return own, list(others.values())
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        """Keras' ``apply``, once the pairs of tables with their own optimizer went to theirs. The
+        step counts even when only those tables had gradients."""
         grads = list(grads)
         if trainable_variables is None and self._delegates:
             trainable_variables = self._built_for
