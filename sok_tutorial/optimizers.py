@@ -15,93 +15,58 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 * `LazyAdam`: Adam whose bias correction counts, per row, the steps that updated the row, so a
   rarely seen row is corrected as fully as a frequent one. For a row touched at every step it
   equals `Adam`.
+* `Ftrl`: Keras' FTRL-Proximal on the touched rows; untouched rows keep their values, where
+  Keras' dense FTRL recomputes every weight.
+* `RowWiseAdagrad`: TorchRec's row-wise Adagrad, one accumulator scalar per table row (1 float
+  of state per row instead of ``dim``); plain Adagrad for other variables.
 
+`Adagrad`, `Ftrl` and `RowWiseAdagrad` live in `sok_tutorial.optimizers_adagrad`, the shared
+machinery in `sok_tutorial.optimizers_base`; all are importable from here.
+
+A table may have its own optimizer (``EmbeddingTable(..., optimizer=Ftrl(...))`` or the SOK
+layers' ``optimizer=``): the model's optimizer, any of these, hands that table's gradients to it
+and updates everything else itself (`sok_tutorial.optimizers_base`), in ``model.fit`` as in a
+custom loop. A row that a table gives to a new key after evicting the old one
+(`EmbeddingTable.fresh_rows`) starts its slots afresh: zeros for momenta, Adam's moments,
+LazyAdam's count and FTRL's linear slot, ``initial_accumulator_value`` for accumulators.
 Weight decay, when set, applies to dense variables only (it would otherwise touch every row).
+
+Example:
+    >>> from sok_tutorial.embedding import EmbeddingTable
+    >>> wide = EmbeddingTable(10, 2, dynamic=False, optimizer=Ftrl(0.1), name="wide")
+    >>> deep = EmbeddingTable(10, 2, dynamic=False, name="deep")
+    >>> wide.build()
+    >>> deep.build()
+    >>> opt = Adam(0.01)  # the model's optimizer: deep's rows; wide's go to its Ftrl
+    >>> grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([4]))
+    >>> opt.apply([grad, grad], [wide.variable, deep.variable])
+    >>> int(opt.iterations), int(wide.optimizer.iterations)
+    (1, 1)
+    >>> [v.name.split("_")[-1] for v in wide.optimizer_slots(opt)]  # wide's state is Ftrl's
+    ['accumulator', 'linear']
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import UniqueRowsGradient, sum_by_position
 from sok_tutorial.embedding.table import table_of
+from sok_tutorial.optimizers_adagrad import Adagrad, Ftrl, RowWiseAdagrad
+from sok_tutorial.optimizers_base import (
+    _exclude_tables_from_weight_decay,
+    _fresh,
+    _gather,
+    _restart,
+    _slot_prefix,
+    _sparse,
+    _SparseMixin,
+    _touched,
+    _write,
+)
 
-
-def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
-    """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
-    if isinstance(gradient, UniqueRowsGradient):
-        return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
-    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int32)
-    return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
-
-
-def _tf(variable: Any) -> Any:
-    """The tf.Variable behind a Keras variable (a tf.Variable is returned as is)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
-    return tf.gather(_tf(slot), rows)  # a resource gather: reads only these rows
-
-
-def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
-    optimizer.assign(variable, tf.IndexedSlices(values, rows))
-
-
-def _sparse(gradient: Any, variable: Any) -> Any:
-    """Embedding tables always take the sparse path (a dense gradient touches every row)."""
-    if isinstance(gradient, tf.IndexedSlices) or table_of(variable) is None:
-        return gradient
-    return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
-
-
-def _slot_prefix(variable: Any) -> str:
-    """Keras' naming of per-variable optimizer state: the variable's path with ``_`` for ``/``."""
-    return getattr(variable, "path", variable.name).replace("/", "_")
-
-
-def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
-    """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
-    excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
-    optimizer._exclude_from_weight_decay = excluded | {optimizer._var_key(v) for v in var_list
-                                                       if table_of(v) is not None}
-
-
-def _sharded(variable: Any) -> bool:
-    """A table whose replicas hold different rows: its gradient is per replica, never all-reduced."""
-    table = table_of(variable)
-    return table is not None and table.num_shards > 1
-
-
-class _SparseMixin:
-    """Shared by the sparse optimizers. Touched rows are read and written back whole
-    (``scatter_update``), which on CPU costs about half of an in-place ``scatter_sub``."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        rate = kwargs.get("learning_rate", args[0] if args else None)
-        if isinstance(rate, numbers.Real) and (isinstance(rate, bool) or not rate > 0):
-            raise ValueError(f"learning_rate={rate!r} is invalid: expected a positive number (or a schedule)")
-        super().__init__(*args, **kwargs)
-
-    def build(self, var_list: list[Any]) -> None:
-        if not self.built:
-            _exclude_tables_from_weight_decay(self, var_list)
-        super().build(var_list)
-
-    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
-        """All-reduce every gradient but those of sharded tables: each replica's shard gradient
-        is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
-        and `strategy.extended.update` hands each replica's gradient to its own shard."""
-        pairs = list(grads_and_vars)
-        local = {i for i, (g, v) in enumerate(pairs) if g is not None and _sharded(v)}
-        if not local or tf.distribute.get_replica_context() is None:
-            return super()._all_reduce_sum_gradients(pairs)
-        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
-        reduced = iter(super()._all_reduce_sum_gradients(rest) if any(g is not None for g, _ in rest) else rest)
-        return [pairs[i] if i in local else next(reduced) for i in range(len(pairs))]
+__all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl", "RowWiseAdagrad"]
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -114,32 +79,16 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
             return super().update_step(gradient, variable, learning_rate)
         lr = tf.cast(learning_rate, variable.dtype)
         rows, g = _touched(gradient, variable.dtype)
+        fresh = _fresh(variable, rows)
         if self.momentum == 0:
             _write(self, variable, rows, _gather(variable, rows) - g * lr)
             return None
         momentum = tf.cast(self.momentum, variable.dtype)
         m = self.momentums[self._get_variable_index(variable)]
-        m_new = _gather(m, rows) * momentum - g * lr
+        m_new = _restart(_gather(m, rows), fresh) * momentum - g * lr
         _write(self, m, rows, m_new)
         step = m_new * momentum - g * lr if self.nesterov else m_new
         _write(self, variable, rows, _gather(variable, rows) + step)
-        return None
-
-
-@keras.saving.register_keras_serializable(package="sok_tutorial")
-class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
-    """``keras.optimizers.Adagrad`` that updates only the touched rows (and accumulators)."""
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        lr = tf.cast(learning_rate, variable.dtype)
-        rows, g = _touched(gradient, variable.dtype)
-        accumulator = self._accumulators[self._get_variable_index(variable)]
-        acc = _gather(accumulator, rows) + tf.square(g)
-        _write(self, accumulator, rows, acc)
-        _write(self, variable, rows, _gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
         return None
 
 
@@ -154,9 +103,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
 
     _row_counts = False  # LazyAdam: keep a per-row step count in the fused slot
 
-    def build(self, var_list: list[Any]) -> None:
-        if self.built:
-            return
+    def _build_slots(self, var_list: list[Any]) -> None:
         keras.optimizers.Optimizer.build(self, var_list)  # Keras Adam's slots only where needed
         self._momentums, self._velocities, self._velocity_hats, self._fused, self._row_steps = [], [], [], [], []
         for var in var_list:
@@ -195,11 +142,12 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
         if not isinstance(gradient, tf.IndexedSlices):
             return keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
         rows, g = _touched(gradient, variable.dtype)
+        fresh = _fresh(variable, rows)
         index = self._get_variable_index(variable)
         slot = self._fused[index]
         if slot is not None:  # an embedding table: all its moments in one slot
             dim = int(variable.shape[-1])
-            moments = _gather(slot, rows)
+            moments = _restart(_gather(slot, rows), fresh)  # m, v, v_hat and LazyAdam's count all start at 0
             m_rows, v_rows = moments[:, :dim], moments[:, dim:2 * dim]
             v_hat_rows = moments[:, 2 * dim:3 * dim] if self.amsgrad else None
             steps = moments[:, -1:] + 1 if self._row_counts else None

@@ -80,6 +80,12 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     `EmbeddingTable.export` (``keys``, ``vectors``, ``slot_<j>``): the training cache saves the
     rows of its parameter server this way, so its saves are checkpoints like any other.
 
+    A table with its own optimizer (``EmbeddingTable(optimizer=...)``) saves that optimizer's
+    slots with its rows; that optimizer's step count (and learning rate variable) is saved with
+    `optimizer`'s other variables when `optimizer` is one of `sok_tutorial.optimizers`, which
+    lists the tables' optimizers' variables after its own, and is not saved when `optimizer` is
+    None.
+
     Tables sharded over several worker processes: every worker calls this with the same `path`
     (a directory all of them can reach); each writes the rows of its shards, and worker 0 puts
     the checkpoint together and renames it into place once all have written.

@@ -22,14 +22,24 @@ def _dense(g: tf.IndexedSlices) -> tf.Tensor:
     return tf.convert_to_tensor(g)
 
 
+def _table(start: np.ndarray, marks: bool = False) -> EmbeddingTable:
+    """A table of row ids holding `start`; with `marks`, the per-row fresh marks a table that evicts
+    keys keeps (`EmbeddingTable.fresh_rows`), added by hand: no table evicts yet."""
+    table = EmbeddingTable(*start.shape, dynamic=False)
+    if marks:  # before build: a built layer takes no new state
+        table._row_fresh = table.add_weight(name="row_fresh", shape=(start.shape[0],), dtype="bool",
+                                            trainable=False, initializer="zeros")
+    table.build()
+    table.variable.assign(start)
+    return table
+
+
 def _variable(start: np.ndarray, table: bool) -> tuple:
     """(variable, its owner): a table's variable (Adam keeps a table's moments in one fused slot) or
     a plain Keras variable. Keep the owner alive: a variable belongs to a table while the table lives."""
     if not table:
         return keras.Variable(start), None
-    owner = EmbeddingTable(*start.shape, dynamic=False)
-    owner.build()
-    owner.variable.assign(start)
+    owner = _table(start)
     return owner.variable, owner
 
 
@@ -40,6 +50,12 @@ CASES = [
     (optimizers.Adagrad, keras.optimizers.Adagrad, {"learning_rate": 0.1}),
     (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01}),
     (optimizers.Adam, keras.optimizers.Adam, {"learning_rate": 0.01, "amsgrad": True}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1, "learning_rate_power": -0.3,
+                                              "initial_accumulator_value": 0.5, "l1_regularization_strength": 0.01,
+                                              "l2_regularization_strength": 0.02, "beta": 0.3,
+                                              "l2_shrinkage_regularization_strength": 0.05}),
+    (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1, "learning_rate_power": 0.0}),
 ]
 
 
@@ -123,3 +139,48 @@ def test_weight_decay_spares_embedding_tables():
     opt.apply([grad, tf.zeros([2, 2])], [layer.embedding_variable, dense])
     changed = np.flatnonzero((layer.embedding_variable.numpy() != before).any(1))
     assert changed.tolist() == [3] and float(dense.numpy()[0, 0]) < 1.0
+
+
+FRESH_CASES = [(ours, kwargs) for ours, _, kwargs in CASES] + [(optimizers.LazyAdam, {"learning_rate": 0.01}),
+                                                              (optimizers.RowWiseAdagrad, {"learning_rate": 0.1})]
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf-function"])
+@pytest.mark.parametrize("ours, kwargs", FRESH_CASES)
+def test_a_row_given_to_a_new_key_starts_with_fresh_slots(ours, kwargs, graph):
+    rng = np.random.default_rng(3)
+    start = rng.normal(size=(ROWS, DIM)).astype(np.float32)
+    table, control = _table(start, marks=True), _table(start)  # the control has no marks (fresh_rows: None)
+    opt, control_opt = ours(**kwargs), ours(**kwargs)
+    for _ in range(2):  # rows 3, 7, 12 and 39 build up optimizer state
+        g = _grad(rng)
+        opt.apply([g], [table.variable])
+        control_opt.apply([g], [control.variable])
+    before = table.variable.numpy()
+    table._row_fresh.assign(np.isin(np.arange(ROWS), [7, 20]))  # rows 7 and 20 went to new keys
+    values = rng.normal(size=(2, DIM)).astype(np.float32)
+    last = tf.IndexedSlices(tf.constant(values), tf.constant([3, 7]))  # row 20 is not touched: it stays marked
+
+    def last_step() -> None:
+        opt.apply([last], [table.variable])
+
+    (tf.function(last_step) if graph else last_step)()
+    control_opt.apply([last], [control.variable])
+
+    # row 7 moves as it would under a fresh optimizer at the same step, on a table holding the same rows
+    fresh, fresh_opt = _table(before), ours(**kwargs)
+    fresh_opt.build([fresh.variable])
+    fresh_opt.iterations.assign(int(opt.iterations) - 1)  # Adam's bias correction counts the optimizer's steps
+    fresh_opt.apply([tf.IndexedSlices(tf.constant(values[1:]), tf.constant([7]))], [fresh.variable])
+    np.testing.assert_allclose(table.variable.numpy()[7], fresh.variable.numpy()[7], rtol=1e-6, atol=1e-7)
+    slots, control_slots = table.optimizer_slots(opt), control.optimizer_slots(control_opt)
+    for slot, fresh_slot in zip(slots, fresh.optimizer_slots(fresh_opt), strict=True):
+        np.testing.assert_allclose(slot.numpy()[7], fresh_slot.numpy()[7], rtol=1e-6, atol=1e-7)
+    if slots:  # the test means something: without the reset, row 7's state would differ
+        assert any(not np.allclose(s.numpy()[7], c.numpy()[7]) for s, c in zip(slots, control_slots))
+    # every other row and slot row is exactly what it would be without marks
+    others = np.arange(ROWS) != 7
+    np.testing.assert_array_equal(table.variable.numpy()[others], control.variable.numpy()[others])
+    for slot, control_slot in zip(slots, control_slots, strict=True):
+        np.testing.assert_array_equal(slot.numpy()[others], control_slot.numpy()[others])
+    assert np.flatnonzero(table._row_fresh.numpy()).tolist() == [20]  # row 7's mark is cleared, row 20's kept

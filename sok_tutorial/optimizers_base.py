@@ -1,0 +1,223 @@
+"""What every sparse optimizer of `sok_tutorial.optimizers` shares: `_SparseMixin` and the row helpers.
+
+An optimizer's sparse path reads a gradient's distinct rows (`_touched`), gathers those rows of
+the variable and of each slot (`_gather`), computes Keras' formula on them and writes them back
+whole (`_write`). Embedding tables always take this path, even for a dense gradient (`_sparse`),
+so their untouched rows and slots are never read or written.
+
+A table that evicts keys gives an evicted key's row to a new key. The new key must not inherit
+the old one's optimizer state, so each update of a table's rows asks the table once which of
+them are fresh (`_fresh`, `EmbeddingTable.fresh_rows`) and starts their gathered slot values
+afresh (`_restart`); a table that never reuses a row answers None, and nothing is added.
+
+A table may have its own optimizer (``EmbeddingTable(..., optimizer=...)``, the SOK layers'
+``optimizer=``). The model's optimizer then hands that table's variable over: `build` builds it
+into the table's optimizer, `apply` (which ``model.fit`` reaches through ``apply_gradients``)
+passes its gradient to that optimizer's own `apply`, in the same replica context, so each
+optimizer all-reduces its own gradients under ``tf.distribute``, and follows its own learning
+rate schedule, step count, clipping, gradient accumulation and EMA. `variables` lists the
+tables' optimizers' variables after the model optimizer's own, so a checkpoint of the model's
+optimizer (`sok_tutorial.training.checkpoint`) keeps their step counts along with their slots.
+(``keras.saving.load_model`` gives tables back without their optimizer: ``EmbeddingTable``'s
+config does not hold it.)
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from sok_tutorial.embedding.ops import UniqueRowsGradient, sum_by_position
+from sok_tutorial.embedding.table import table_of
+
+
+def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
+    if isinstance(gradient, UniqueRowsGradient):
+        return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
+    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int32)
+    return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
+
+
+def _tf(variable: Any) -> Any:
+    """The tf.Variable behind a Keras variable (a tf.Variable is returned as is)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
+
+
+def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
+    return tf.gather(_tf(slot), rows)  # a resource gather: reads only these rows
+
+
+def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
+    optimizer.assign(variable, tf.IndexedSlices(values, rows))
+
+
+def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
+    """Which of `rows` (distinct) of a table went to a new key since their last update, bool ``[U]``,
+    clearing the marks; None for other variables and for tables that never reuse a row. Call it
+    once per update of a variable's rows, slots or not, so that the marks are cleared."""
+    table = table_of(variable)
+    return None if table is None else table.fresh_rows(rows)
+
+
+def _restart(values: tf.Tensor, fresh: tf.Tensor | None, initial: Any = 0.0) -> tf.Tensor:
+    """Gathered slot rows `values` ``[U, ...]`` with the `fresh` ones at the slot's `initial` value."""
+    if fresh is None:
+        return values
+    mask = tf.reshape(fresh, [-1] + [1] * (values.shape.rank - 1))  # (U, 1, ...): broadcast over a row
+    return tf.where(mask, tf.cast(initial, values.dtype), values)
+
+
+def _sparse(gradient: Any, variable: Any) -> Any:
+    """Embedding tables always take the sparse path (a dense gradient touches every row)."""
+    if isinstance(gradient, tf.IndexedSlices) or table_of(variable) is None:
+        return gradient
+    return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
+
+
+def _slot_prefix(variable: Any) -> str:
+    """Keras' naming of per-variable optimizer state: the variable's path with ``_`` for ``/``."""
+    return getattr(variable, "path", variable.name).replace("/", "_")
+
+
+def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
+    """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
+    excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
+    optimizer._exclude_from_weight_decay = excluded | {optimizer._var_key(v) for v in var_list
+                                                       if table_of(v) is not None}
+
+
+def _unscaled(gradient: Any, scale: float | None) -> Any:
+    """`gradient` of a loss that the model's optimizer scaled by `scale` (``loss_scale_factor``), unscaled."""
+    if scale is None or gradient is None:
+        return gradient
+    if isinstance(gradient, tf.IndexedSlices):  # keeps UniqueRowsGradient's promise of distinct rows
+        return type(gradient)(gradient.values / scale, gradient.indices, gradient.dense_shape)
+    return gradient / scale
+
+
+def _sharded(variable: Any) -> bool:
+    """A table whose replicas hold different rows: its gradient is per replica, never all-reduced."""
+    table = table_of(variable)
+    return table is not None and table.num_shards > 1
+
+
+class _SparseMixin:
+    """Shared by the sparse optimizers. Touched rows are read and written back whole
+    (``scatter_update``), which on CPU costs about half of an in-place ``scatter_sub``.
+
+    Subclasses create their slots in `_build_slots` (Keras' ``build`` by default). Variables of a
+    table with its own optimizer go to that one (module docstring).
+    """
+
+    _delegates: tuple[Any, ...] = ()  # the tables' own optimizers, found by build
+    _built_for: list[Any] | None = None  # every variable build was given: apply(grads) without variables
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        rate = kwargs.get("learning_rate", args[0] if args else None)
+        if isinstance(rate, numbers.Real) and (isinstance(rate, bool) or not rate > 0):
+            raise ValueError(f"learning_rate={rate!r} is invalid: expected a positive number (or a schedule)")
+        super().__init__(*args, **kwargs)
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        variables = list(var_list)
+        own, others = self._split(variables)
+        for other, positions in others:
+            other.build([variables[i] for i in positions])
+        # plain attributes, out of Keras' and TF's tracking: the model's variables and other
+        # optimizers are not this optimizer's state
+        object.__setattr__(self, "_built_for", variables)
+        object.__setattr__(self, "_delegates", tuple(other for other, _ in others))
+        self._build_slots([variables[i] for i in own])
+
+    def _build_slots(self, var_list: list[Any]) -> None:
+        _exclude_tables_from_weight_decay(self, var_list)
+        super().build(var_list)
+
+    def _table_optimizer(self, variable: Any) -> Any:
+        """The own optimizer of `variable`'s table, or None when this one updates the variable."""
+        table = table_of(variable)
+        other = None if table is None else table.optimizer
+        if other is None or other is self:
+            return None
+        if not isinstance(other, _SparseMixin):
+            kind = f"{type(other).__module__}.{type(other).__qualname__}"
+            raise TypeError(f"table {table.name!r}: optimizer={kind} is invalid: expected one of "
+                            "sok_tutorial.optimizers (SGD, Adagrad, Adam, LazyAdam, Ftrl, RowWiseAdagrad), which "
+                            "update only the rows a step touched")
+        if other.loss_scale_factor is not None:
+            raise ValueError(f"table {table.name!r}: its optimizer has loss_scale_factor={other.loss_scale_factor!r}, "
+                             "expected None: the model's optimizer scales the loss and unscales every gradient")
+        return other
+
+    def _split(self, variables: list[Any]) -> tuple[list[int], list[tuple[Any, list[int]]]]:
+        """(positions of `variables` this optimizer updates, [(a table's optimizer, its positions)]),
+        having checked every table's optimizer, so that a bad one fails before anything changes."""
+        own: list[int] = []
+        others: dict[int, tuple[Any, list[int]]] = {}
+        for i, variable in enumerate(variables):
+            other = self._table_optimizer(variable)
+            if other is None:
+                own.append(i)
+            else:
+                others.setdefault(id(other), (other, []))[1].append(i)
+        return own, list(others.values())
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        """Keras' ``apply``, once the pairs of tables with their own optimizer went to theirs. The
+        step counts even when only those tables had gradients."""
+        grads = list(grads)
+        if trainable_variables is None and self._delegates:
+            trainable_variables = self._built_for
+        if trainable_variables is None:
+            return super().apply(grads)
+        variables = list(trainable_variables)
+        own, others = self._split(variables)
+        if not others:
+            return super().apply(grads, variables)
+        if not self.built:
+            self.build(variables)
+        handed_over = False
+        for other, positions in others:
+            pairs = [(_unscaled(grads[i], self.loss_scale_factor), variables[i]) for i in positions
+                     if grads[i] is not None]
+            if pairs:
+                other.apply([g for g, _ in pairs], [v for _, v in pairs])
+                handed_over = True
+        own_grads = [grads[i] for i in own]
+        if handed_over and all(g is None for g in own_grads):
+            self._iterations.assign_add(1)  # a step all the same (Keras refuses an apply without gradients)
+        else:
+            super().apply(own_grads, [variables[i] for i in own])
+        return None
+
+    @property
+    def variables(self) -> list[Any]:
+        """This optimizer's variables, then those of the tables' own optimizers."""
+        own = super().variables
+        seen = {id(v) for v in own}
+        return own + [v for other in self._delegates for v in other.variables if id(v) not in seen]
+
+    def finalize_variable_values(self, var_list: list[Any]) -> None:
+        """End of ``model.fit``: each optimizer finalizes its own variables (EMA overwrite)."""
+        variables = list(var_list)
+        own, others = self._split(variables)
+        for other, positions in others:
+            other.finalize_variable_values([variables[i] for i in positions])
+        super().finalize_variable_values([variables[i] for i in own])
+
+    def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
+        """All-reduce every gradient but those of sharded tables: each replica's shard gradient
+        is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
+        and `strategy.extended.update` hands each replica's gradient to its own shard."""
+        pairs = list(grads_and_vars)
+        local = {i for i, (g, v) in enumerate(pairs) if g is not None and _sharded(v)}
+        if not local or tf.distribute.get_replica_context() is None:
+            return super()._all_reduce_sum_gradients(pairs)
+        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
+        reduced = iter(super()._all_reduce_sum_gradients(rest) if any(g is not None for g, _ in rest) else rest)
+        return [pairs[i] if i in local else next(reduced) for i in range(len(pairs))]
