@@ -79,6 +79,8 @@ from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.table import tables_of
 from sok_tutorial.training.checkpoint import (
+    _dense_variables,
+    _relative,
     checkpoints,
     latest_checkpoint,
     load_checkpoint,
@@ -87,6 +89,7 @@ from sok_tutorial.training.checkpoint import (
     save_checkpoint,
     step_dir,
 )
+from sok_tutorial.training.delta import write_delta
 
 KEEP = 2  # saves kept by save_params_to_files
 
@@ -169,6 +172,7 @@ class EmbeddingTrainingCache:
         self._updated: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}
         self.history: list[dict[str, float]] = []
         self._pushed = False  # whether the active pass pushed rows (a sync before its end)
+        self._mark = 0  # incremental models written so far: the marks of its deltas
         if train_from_scratch:
             sizes = {name: ps.size(name) for name in self.widths}  # one scan of each table
             held = {name: n for name, n in sizes.items() if n}
@@ -331,8 +335,13 @@ class EmbeddingTrainingCache:
             self.history.pop()
         self._index, self._before = None, {}
 
-    def get_incremental_model(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call."""
+    def get_incremental_model(self, path: str | Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call.
+
+        With `path`, also write them as a delta directory (`sok_tutorial.training.delta`, with the
+        dense variables) that `apply_delta` applies to a `save_params_to_files` save or to the
+        previous delta's result: the cache's marks count its incremental exports.
+        """
         if self.active:
             self._sync()
         out = {}
@@ -342,6 +351,12 @@ class EmbeddingTrainingCache:
             rows, _ = self.ps.pull(table.name, keys)
             out[table.name] = (keys, rows[:, :table.dim].copy())
             self._updated[table.name] = []
+        if path is not None:
+            parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
+                     for keys, vectors in out.values()]
+            dense = {_relative(self.model, v.path): v.numpy() for v in _dense_variables(self.model, self.tables)}
+            write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
+        self._mark += 1
         return out
 
     # ------------------------------------------------------------------ high-level API
@@ -420,7 +435,8 @@ class EmbeddingTrainingCache:
         done = checkpoints(root)
         step = int(done[-1].name.split("-")[1]) + 1 if done else 0
         path = save_checkpoint(step_dir(root, step), self.model, self.optimizer, rows=rows,
-                               state={"passes": len(self.history)})
+                               state={"passes": len(self.history),
+                                      "export": {"marks": [self._mark] * len(self.tables)}})
         prune_checkpoints(root, keep_last)
         return path
 

@@ -287,14 +287,18 @@ class EmbeddingTable(keras.layers.Layer):
     def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
         return [tf.gather(local_components(v)[component], rows).numpy() for v in variables]
 
-    def export(self, optimizer: Any = None) -> dict[str, np.ndarray]:
+    def export(self, optimizer: Any = None, since: int | None = None) -> dict[str, np.ndarray]:
         """Every row in use by key: ``keys``, ``vectors`` and ``slot_<j>`` (each variable of
         `optimizer_slots`), plus ``shard`` (the replica holding each key) and ``key_slots`` (the
-        layer slot of each key, table-wise placement; -1 otherwise)."""
+        layer slot of each key, table-wise placement; -1 otherwise); a table that tracks changes
+        adds ``marks`` (LFU: ``counts``). `since`: only the rows changed after that mark."""
         slots = self.optimizer_slots(optimizer)
         parts = []
         for component, shard in enumerate(self.local_shards):
             keys, rows = self._keys_and_rows(component)
+            if since is not None:
+                keep = np.isin(rows, lifecycle.changed_since(self, since))
+                keys, rows = keys[keep], rows[keep]
             values = self._gather([self.variable, *slots], component, rows)
             part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
                     "key_slots": self._key_slots(component, rows)}

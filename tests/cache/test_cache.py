@@ -514,3 +514,25 @@ def test_sigkill_during_save_leaves_the_last_save_loadable(tmp_path):
                                    dest_sparse_models=tmp_path / "params")
     assert float(model.get_layer("out").kernel.numpy()[0, 0]) in (done, done + 1)
     assert len(cache.ps.keys("deep")) == CAPACITY
+
+
+def test_the_incremental_model_is_a_delta_that_brings_a_save_up_to_date(data, tmp_path):
+    from sok_tutorial.training.checkpoint import read_tables
+    from sok_tutorial.training.delta import apply_delta
+
+    files, offsets = data
+    cache = EmbeddingTrainingCache(build(CAPACITY, sok.optimizers.Adam(0.01)), HostMemoryPS(),
+                                   device_capacity_rows=CAPACITY)
+    fit = {"batch_size": 100, "label_names": ["label"], "cat_names": CAT_NAMES, "key_offsets": offsets,
+           "concat_categorical": True}
+    cache.fit([([files[0]], None)], **fit)
+    cache.get_incremental_model()  # what the first pass changed is in the save below
+    saved = cache.save_params_to_files(tmp_path / "params")
+    cache.fit([([files[1]], None)], **fit)
+    cache.get_incremental_model(path=tmp_path / "delta")
+    summary = apply_delta(saved, tmp_path / "delta")
+    for table, arrays in zip(cache.tables, read_tables(saved)):
+        assert summary[table.path]["changed"] > 0
+        np.testing.assert_array_equal(np.sort(arrays["keys"]), cache.ps.keys(table.name))
+        rows, _ = cache.ps.pull(table.name, arrays["keys"])
+        np.testing.assert_array_equal(arrays["vectors"], rows[:, :table.dim])
