@@ -107,6 +107,18 @@ def check_07(m: dict[str, Any], p: dict[str, Any]) -> None:
         assert all(r["samples"] == p["ROWS_PER_DAY"] * p["DAYS_PER_LIST"] for r in passes)
 
 
+def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
+    rows, auc = m["rows_held"], m["mean_next_day_auc"]
+    assert all(len(r) == p["DAYS"] for r in rows.values())
+    assert max(rows["lru"]) <= m["capacity"] and max(rows["lfu_admission"]) <= m["capacity"]
+    assert rows["unbounded"][-1] == m["distinct_keys"] > m["capacity"]  # the stream outgrows the table
+    assert m["evicted"]["lru"] > 0 and m["evicted"]["unbounded"] == 0
+    assert abs(auc["lru"] - auc["unbounded"]) < 0.005  # LRU forgets what the stream stopped showing
+    assert auc["unbounded"] > m["mean_baseline_auc"] + 0.01 and auc["lfu_admission"] > m["mean_baseline_auc"]
+    assert m["served_max_abs_diff"] < 1e-6 and m["served_auc"] == m["next_day_auc"]["lru"][1:]
+    assert all(d < f for d, f in zip(m["delta_bytes"], m["full_export_bytes"]))
+
+
 SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "01-synthetic-data-and-parquet": (
         {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
@@ -146,6 +158,10 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
         {"ROWS_PER_DAY": 8000, "DAYS_PER_LIST": 1, "CRITEO_SCALE": 0.001, "BATCH_SIZE": 512, "HIDDEN": [64, 64],
          "LEARNING_RATE": 0.005, "PROGRESS": False},
         check_07,
+    ),
+    "08-online-training-tables-that-forget": (
+        {"DAYS": 4, "ROWS_PER_DAY": 8000, "POPULATION": 3000, "ITEM_DRIFT": 750, "USER_DRIFT": 250, "PROGRESS": False},
+        check_08,
     ),
 }
 

@@ -156,6 +156,11 @@ class EmbeddingTable(keras.layers.Layer):
             return int(self._size.numpy()) - int(self._num_free.numpy())
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
+    @property
+    def evictions(self) -> int:
+        """Keys evicted so far (0 for a table without an eviction policy)."""
+        return int(self._log_total.numpy()) if self.lifecycle.evicts and self.built else 0
+
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
         """The variables of `optimizer` holding per-row state of this table (first dimension = rows);
         a table with its own optimizer (`optimizer` argument) always answers with that one's."""
