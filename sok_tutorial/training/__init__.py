@@ -1,4 +1,5 @@
-"""Training: the `fit` loop, checkpoints, callbacks, profiling, model summaries and export for serving."""
+"""Training: the `fit` loop, checkpoints, callbacks, profiling, model summaries, export for serving
+and delta exports that keep a serving copy current."""
 from sok_tutorial._lazy import lazy_getattr
 
 _NAMES = {
@@ -17,6 +18,9 @@ _NAMES = {
     "parameter_report": "sok_tutorial.training.summary",
     "export_model": "sok_tutorial.training.export",
     "load_export": "sok_tutorial.training.export",
+    "export_model_tables": "sok_tutorial.training.delta",
+    "export_delta": "sok_tutorial.training.delta",
+    "apply_delta": "sok_tutorial.training.delta",
 }
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)
