@@ -14,7 +14,7 @@ One eviction frees ``max(needed, evict_fraction * capacity)`` rows (1/16 by defa
 scan it costs (a histogram of the rows' scores and a threshold: no sort) is paid once per
 thousands of new keys, not every step. Rows a step is using are never evicted in that step.
 An evicted key leaves a tombstone in the key index (the index is rebuilt when tombstones and
-keys fill three quarters of it), its row goes to a free list, and the row's optimizer slots are
+capacity reach three quarters of its slots), its row goes to a free list, and the row's optimizer slots are
 started afresh at their next update (`EmbeddingTable.fresh_rows`).
 
 Admission (``min_count``, ``admit_probability``): a new key gets a row only once it has been seen
@@ -291,7 +291,9 @@ def evict(table: Any, want: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
         if life.min_count > 1:
             ops.append(_v(table._sketch).assign(tf.bitwise.right_shift(_v(table._sketch), 1)))
     with tf.control_dependencies(ops):
-        crowded = _v(table._tombstones) + _v(table._size) - _v(table._num_free) > 3 * int(index.slot_rows.shape[0]) // 4
+        # keys never outnumber capacity, so this keeps a quarter of the slots empty whatever comes next
+        # (a probe ends only on an empty slot)
+        crowded = _v(table._tombstones) + table.capacity > 3 * int(index.slot_rows.shape[0]) // 4
         rebuilt = tf.cond(crowded, lambda: rebuild(table), lambda: tf.constant(False))
     with tf.control_dependencies([rebuilt]):
         return tf.identity(n)
