@@ -10,6 +10,8 @@ warm-up steps, 2 threads.
   optionally with the per-op profile of a few more steps. ``dynamic_warm`` is the dynamic table
   after one untimed pass over the same batches: every key already has a row, so it shows the
   cost of the index's lookups alone, without the ~67k keys a step inserts in the first steps.
+* `model`, `timed`, `profile_ops`: the layer, head and training step, per-step timing and the
+  per-op profile, shared with the ``eviction`` group (`benchmarks._eviction`).
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
   index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
@@ -30,15 +32,20 @@ OPTIMIZERS = {"sgd": ("SGD", 1e-2), "adagrad": ("Adagrad", 1e-2), "adam": ("Adam
 INDEXES = ("ours", "dense_hash_table", "mutable_hash_table", "reduce")
 
 
-def batches(n: int) -> list[tuple[Any, Any]]:
-    """(ids [batch, 26] with table offsets, labels [batch, 1]), drawn as the peer script draws them."""
+def batches(n: int, drift: int = 0) -> list[tuple[Any, Any]]:
+    """(ids [batch, 26] with table offsets, labels [batch, 1]), drawn as the peer script draws them.
+
+    With `drift`, step ``s`` shifts every table's Zipf ranks by ``s * drift`` before scrambling:
+    the key that was rank ``r + drift`` becomes rank ``r``, so hot keys cool down and stop while
+    keys never seen before arrive (the ``eviction`` group's stream, `benchmarks._eviction`).
+    """
     import numpy as np
 
     rng = np.random.default_rng(0)
     offsets = (np.arange(NT, dtype=np.int64) * ROWS_PER_TABLE)[:, None]
     out = []
-    for _ in range(n):
-        ids = (rng.zipf(1.1, size=(NT, BATCH)) - 1) % ROWS_PER_TABLE
+    for step in range(n):
+        ids = (rng.zipf(1.1, size=(NT, BATCH)) - 1 + step * drift) % ROWS_PER_TABLE
         ids = (ids * 2654435761) % ROWS_PER_TABLE
         labels = rng.integers(0, 2, size=BATCH).astype(np.float32)
         out.append(((ids + offsets).T.copy(), labels[:, None]))
@@ -50,14 +57,29 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
+    embedding, step = model(optimizer, ROWS_PER_TABLE * NT, data[0][0], use_hashtable=table != "static")
+    if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
+        for keys, labels in data:
+            step(keys, labels)
+    times = timed(step, data[:WARM + steps])[WARM:]
+    rates = [BATCH / t for t in times]
+    result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
+              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size}
+    if profile:
+        result["profile_ms"] = profile_ops(step, data[WARM + steps:])
+    return result
+
+
+def model(optimizer: str, capacity: int, example: Any, **options: Any) -> tuple[Any, Any]:
+    """(DistributedEmbedding of `capacity` rows, built on `example` keys, and a tf.function training
+    step ``step(keys, labels) -> loss`` with the Linear(416 -> 1) head); `options` go to the layer."""
     import keras
+    import tensorflow as tf
 
     import sok_tutorial as sok
-    from sok_tutorial.training.profiler import op_breakdown
 
-    data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
-    embedding = sok.DistributedEmbedding("sum", ROWS_PER_TABLE * NT, DIM, slot_num=NT, max_nnz=1,
-                                         use_hashtable=table != "static")
+    embedding = sok.DistributedEmbedding("sum", capacity, DIM, slot_num=NT, max_nnz=1, **options)
     head = keras.layers.Dense(1)
     name, rate = OPTIMIZERS[optimizer]
     opt = getattr(sok.optimizers, name)(rate)
@@ -66,7 +88,7 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     def forward(keys: Any) -> Any:
         return head(tf.reshape(embedding(keys, training=True), [-1, NT * DIM]))
 
-    forward(data[0][0][:1])
+    forward(example[:1])
     variables = embedding.trainable_variables + head.trainable_variables
     opt.build(variables)
 
@@ -77,27 +99,36 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
         opt.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
-        for keys, labels in data:
-            step(keys, labels)
+    return embedding, step
+
+
+def timed(step: Any, data: list[tuple[Any, Any]], after: Any = None) -> list[float]:
+    """Seconds of each step over `data` (the loss read back, so the step has finished); `after`,
+    if given, is called after each step, outside the timing."""
     times = []
-    for i, (keys, labels) in enumerate(data[:WARM + steps]):
+    for keys, labels in data:
         start = time.perf_counter()
         float(step(keys, labels))
-        if i >= WARM:
-            times.append(time.perf_counter() - start)
-    rates = [BATCH / t for t in times]
-    result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
-              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size}
-    if profile:
-        log_dir = tempfile.mkdtemp()
-        tf.profiler.experimental.start(log_dir)
-        for keys, labels in data[WARM + steps:]:
-            float(step(keys, labels))
-        tf.profiler.experimental.stop()
-        result["profile_ms"] = [{"op": r["part"], "ms": round(r["ms"], 2)}
-                                for r in op_breakdown(log_dir, steps=4, by="op")[:14]]
-    return result
+        times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
+    return times
+
+
+def profile_ops(step: Any, data: list[tuple[Any, Any]], top: int = 14) -> list[dict[str, Any]]:
+    """The `top` TensorFlow ops (by phase: forward, backward, optimizer) by CPU ms per step over the
+    steps of `data`, under the profiler."""
+    import tensorflow as tf
+
+    from sok_tutorial.training.profiler import op_breakdown
+
+    log_dir = tempfile.mkdtemp()
+    tf.profiler.experimental.start(log_dir)
+    for keys, labels in data:
+        float(step(keys, labels))
+    tf.profiler.experimental.stop()
+    return [{"phase": r["phase"], "op": r["part"], "ms": round(r["ms"], 2)}
+            for r in op_breakdown(log_dir, steps=len(data), by="op")[:top]]
 
 
 def index(kind: str, steps: int = STEPS) -> dict[str, Any]:

@@ -24,7 +24,17 @@ Group ``index``: the key index alone, lookup + insert of each step's distinct ke
 10M-row index, and lookups alone: ours against ``DenseHashTable`` and ``MutableHashTable``; and
 ``reduce``: summing a step's gradient rows per distinct row, by sparse product and by segment sum.
 
-    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index] [--out build/bench]
+Group ``eviction`` (``benchmarks/_eviction.py``): the torchrec_shape workload with a drifting key
+stream (50-65k new keys a step) into dynamic tables with SGD (and Adagrad): one with room to spare
+and no policy, with ``track_changes``, and full ones evicting every step or two under
+``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with ``evict_fraction``
+1/64 and 1/8; samples/s (median and amortized), the ratio to the roomy table (goal: LRU at
+capacity >= 0.85x), rows evicted per step, and the per-op profile of the roomy and the LRU table.
+JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape, index),
+``embedding_eviction.json`` (eviction).
+
+    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction]
+                                   [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
 
@@ -40,12 +50,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench, _tables  # noqa: E402
+from benchmarks import _bench, _eviction, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
 TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction")
 
 
 def draw_keys(rng, rows: int, shape: tuple, keys: str):
@@ -151,6 +162,9 @@ def child(argv: list[str]) -> None:
     if case.startswith("torchrec_shape:"):  # torchrec_shape:<static|dynamic>:<optimizer>[:profile]
         parts = case.split(":")
         result = _tables.train(parts[1], parts[2], steps, profile=parts[-1] == "profile")
+    elif case.startswith("eviction:"):  # eviction:<case>[:profile]
+        parts = case.split(":")
+        result = _eviction.train(parts[1], steps, profile=parts[-1] == "profile")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
     else:
@@ -210,12 +224,12 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
 def main() -> None:
     parser = _bench.parser(__doc__)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--group", default="all", choices=["all", "sok_vs_keras", "torchrec_shape", "index"])
+    parser.add_argument("--group", default="all", choices=["all", *GROUPS])
     parser.add_argument("--torchrec", default=None, help="python of a TorchRec virtualenv (runs the peer too)")
     parser.add_argument("--peers", default=str(_HERE.parent.parent / "shared" / "peers"),
                         help="folder holding bench_torchrec.py")
     args = parser.parse_args()
-    groups = ["sok_vs_keras", "torchrec_shape", "index"] if args.group == "all" else [args.group]
+    groups = list(GROUPS) if args.group == "all" else [args.group]
 
     def run(case: str, rows: int, steps: int, keys: str) -> dict | float:
         out = subprocess.run([sys.executable, __file__, "--child", case, str(rows), str(steps), keys],
@@ -259,7 +273,10 @@ def main() -> None:
         for name, g in notes.get("goals", {}).items():
             print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
         for name, ops in notes.get("profiles_ms_per_step", {}).items():
-            print(f"top ops, {name} (ms of CPU per step): " + ", ".join(f"{o['op']} {o['ms']}" for o in ops[:8]))
+            print(f"top ops, {name} (ms of CPU per step): "
+                  + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in ops[:8]))
+    if "eviction" in groups:
+        eviction(args, run)
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
@@ -306,6 +323,24 @@ def sok_vs_keras(args: Any, run: Any) -> None:
     _bench.report("embedding", table, args.out, notes={"slots": SLOTS, "dim": DIM, "batch": BATCH, "goals": goals})
     for name, g in goals.items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
+
+
+def eviction(args: Any, run: Any) -> None:
+    """The eviction group (`benchmarks._eviction`): a drifting key stream into roomy and full tables."""
+    steps = args.steps or (12 if args.quick else _eviction.STEPS)
+    results: dict[str, list] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for case in _eviction.CASES:
+            results.setdefault(case, []).append(run(f"eviction:{case}", 0, steps, ""))
+    profiles = {case: run(f"eviction:{case}:profile", 0, steps, "")["profile"] for case in _eviction.PROFILED}
+    rows, notes = _eviction.report(results, profiles, _eviction.stream(steps))
+    _bench.report("embedding_eviction", rows, args.out, notes=notes)
+    for name, g in notes["goals"].items():
+        print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
+    for name, prof in notes["profiles_ms_per_step"].items():
+        ops = prof if isinstance(prof, list) else prof["ops_ms"]
+        print(f"top ops, {name} (ms of CPU per step): "
+              + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in ops[:8]))
 
 
 if __name__ == "__main__":
