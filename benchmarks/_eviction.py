@@ -22,7 +22,14 @@ the steps that evict, which the median hides when fewer than half of the steps d
     lru_full_f64/_f8  lru_full with evict_fraction 1/64 and 1/8 (default 1/16)
     *_adagrad         roomy and lru_full with Adagrad (slots restarted for reused rows)
 
-The goal (from the issue): ``lru_full`` at >= 0.85x ``roomy``.
+The goal (from the issue): ``lru_full`` at >= 0.85x ``roomy``. Measured on the 2-core machine
+(3 rounds, SGD): not met. ``roomy`` 136k samples/s; change tracking 0.94x; an LRU table that never
+fills 0.89x; ``lru_full`` 0.39x (amortized 0.38x), evicting ~69k rows a step (24 of 36 steps
+evict: 174 ms, the others 100 ms against roomy's 60); ``lfu_full`` 0.31x; ``lru_admission`` 0.62x;
+Adagrad 0.28x. In the trace of ``lru_full`` the time goes to the key index's probe loop (keys probe
+past the evicted keys' tombstones in an index up to 3/4 full, up to ~110 rounds, each concatenating
+its results: the profile's ``ConcatV2``), the eviction's passes over every row's score, and a second
+lookup of the step's new keys after each eviction.
 """
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ warm-up steps, 2 threads.
   optionally with the per-op profile of a few more steps. ``dynamic_warm`` is the dynamic table
   after one untimed pass over the same batches: every key already has a row, so it shows the
   cost of the index's lookups alone, without the ~67k keys a step inserts in the first steps.
+* `model`, `timed`, `profile_ops`: the layer, head and training step, per-step timing and the
+  per-op profile, shared with the ``eviction`` group (`benchmarks._eviction`).
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
   index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse

@@ -273,7 +273,8 @@ def main() -> None:
         for name, g in notes.get("goals", {}).items():
             print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
         for name, ops in notes.get("profiles_ms_per_step", {}).items():
-            print(f"top ops, {name} (ms of CPU per step): " + ", ".join(f"{o['op']} {o['ms']}" for o in ops[:8]))
+            print(f"top ops, {name} (ms of CPU per step): "
+                  + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in ops[:8]))
     if "eviction" in groups:
         eviction(args, run)
 
