@@ -60,9 +60,7 @@ from sok_tutorial.optimizers_base import (
     _gather,
     _restart,
     _slot_prefix,
-    _sparse,
     _SparseMixin,
-    _touched,
     _write,
 )
 
@@ -73,12 +71,7 @@ __all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl", "RowWiseAdagrad"]
 class SGD(_SparseMixin, keras.optimizers.SGD):
     """``keras.optimizers.SGD`` that updates only the touched rows of sparse gradients."""
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        lr = tf.cast(learning_rate, variable.dtype)
-        rows, g = _touched(gradient, variable.dtype)
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         fresh = _fresh(variable, rows)
         if self.momentum == 0:
             _write(self, variable, rows, _gather(variable, rows) - g * lr)
@@ -137,11 +130,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
             beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), steps)
         return tf.cast(learning_rate, dtype) * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return keras.optimizers.Adam.update_step(self, gradient, variable, learning_rate)
-        rows, g = _touched(gradient, variable.dtype)
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         fresh = _fresh(variable, rows)
         index = self._get_variable_index(variable)
         slot = self._fused[index]
@@ -162,7 +151,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
         v_use = tf.maximum(v_hat_rows, v_new) if self.amsgrad else v_new
         if not self._row_counts:
             steps = tf.cast(self.iterations + 1, variable.dtype)
-        alpha = self._alpha(learning_rate, variable.dtype, steps)
+        alpha = self._alpha(lr, variable.dtype, steps)
         if slot is not None:
             _write(self, slot, rows, tf.concat([m_new, v_new] + ([v_use] if self.amsgrad else [])
                                                + ([steps] if self._row_counts else []), 1))

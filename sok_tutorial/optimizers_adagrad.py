@@ -20,9 +20,7 @@ from sok_tutorial.optimizers_base import (
     _gather,
     _restart,
     _slot_prefix,
-    _sparse,
     _SparseMixin,
-    _touched,
     _write,
 )
 
@@ -31,12 +29,7 @@ from sok_tutorial.optimizers_base import (
 class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
     """``keras.optimizers.Adagrad`` that updates only the touched rows (and accumulators)."""
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        lr = tf.cast(learning_rate, variable.dtype)
-        rows, g = _touched(gradient, variable.dtype)
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         accumulator = self._accumulators[self._get_variable_index(variable)]
         acc = _restart(_gather(accumulator, rows), _fresh(variable, rows), self.initial_accumulator_value)
         acc = acc + tf.square(g)
@@ -93,15 +86,14 @@ class RowWiseAdagrad(Adagrad):
             for var in var_list]
         _exclude_tables_from_weight_decay(self, var_list)
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if table_of(variable) is None:
-            return super().update_step(gradient, variable, learning_rate)
-        rows, g = _touched(_sparse(gradient, variable), variable.dtype)  # (U,), (U, dim)
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+        if table_of(variable) is None:  # another variable's sparse gradient: plain Adagrad
+            return super()._sparse_step(variable, rows, g, lr)
         accumulator = self._accumulators[self._get_variable_index(variable)]
         acc = _restart(_gather(accumulator, rows), _fresh(variable, rows), self.initial_accumulator_value)
         acc = acc + tf.reduce_mean(tf.square(g), axis=1)  # (U,)
         _write(self, accumulator, rows, acc)
-        scale = tf.cast(learning_rate, variable.dtype) / (tf.sqrt(acc) + self.epsilon)
+        scale = lr / (tf.sqrt(acc) + self.epsilon)
         _write(self, variable, rows, _gather(variable, rows) - scale[:, None] * g)
         return None
 
@@ -132,12 +124,7 @@ class Ftrl(_SparseMixin, keras.optimizers.Ftrl):
         McMahan et al., "Ad Click Prediction: a View from the Trenches", KDD 2013.
     """
 
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        gradient = _sparse(gradient, variable)
-        if not isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        lr = tf.cast(learning_rate, variable.dtype)
-        rows, g = _touched(gradient, variable.dtype)
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         index = self._get_variable_index(variable)
         accumulator, linear = self._accumulators[index], self._linears[index]
         fresh = _fresh(variable, rows)

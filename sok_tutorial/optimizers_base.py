@@ -134,6 +134,18 @@ class _SparseMixin:
         object.__setattr__(self, "_delegates", tuple(other for other, _ in others))
         self._build_slots([variables[i] for i in own])
 
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        """Dense gradients of other variables: Keras' own update. Everything else (a table's
+        gradient always): `_sparse_step` on the distinct touched rows and their summed gradients."""
+        gradient = _sparse(gradient, variable)
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        rows, g = _touched(gradient, variable.dtype)
+        return self._sparse_step(variable, rows, g, tf.cast(learning_rate, variable.dtype))
+
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+        raise NotImplementedError
+
     def _build_slots(self, var_list: list[Any]) -> None:
         _exclude_tables_from_weight_decay(self, var_list)
         super().build(var_list)
