@@ -43,7 +43,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding import lifecycle
+from sok_tutorial.embedding import lifecycle, lifecycle_ops
 from sok_tutorial.embedding.initializers import (
     KeyedInitializer,
     init_spec,
@@ -226,7 +226,7 @@ class EmbeddingTable(keras.layers.Layer):
         if not self.indexed:
             keys = self._check_range(keys, self.capacity)
             if insert and life.track_changes:
-                with tf.control_dependencies(lifecycle.touch(self, keys, lifecycle.tick(self))):
+                with tf.control_dependencies(lifecycle_ops.touch(self, keys, lifecycle_ops.tick(self))):
                     keys = tf.identity(keys)
             return keys, None
         index = self.index_variables(component)
@@ -238,7 +238,7 @@ class EmbeddingTable(keras.layers.Layer):
             if share is not None or component is not None:
                 raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
                                  "replica (it is replicated or sharded over several here)")
-            rows, found, new_keys, new_rows = lifecycle.place(self, keys, counts, admission=admission)
+            rows, found, new_keys, new_rows = lifecycle_ops.place(self, keys, counts, admission=admission)
         else:
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
         variable = self.variable.value if component is None else local_components(self.variable)[component]

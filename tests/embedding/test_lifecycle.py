@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding import EmbeddingTable, lifecycle
+from sok_tutorial.embedding import EmbeddingTable, lifecycle, lifecycle_ops
 
-BINS = lifecycle.BINS
+BINS = lifecycle_ops.BINS
 
 
 class Reference:
