@@ -94,7 +94,9 @@ def find_criteo_files(path: str | Path) -> list[Path]:
         return _ordered(days or kaggle, path)
     names = sorted(p.name for p in path.iterdir())
     held = f"holds {names[:5] + ['...'] if len(names) > 5 else names}" if names else "is empty"
-    raise FileNotFoundError(f"path={str(path)!r} {held}: expected {EXPECTED}")
+    archives = [n for n in names if n.endswith((".tar.gz", ".tgz", ".tar", ".zip"))]
+    hint = f"; extract {archives[0]} first" if archives else ""
+    raise FileNotFoundError(f"path={str(path)!r} {held}: expected {EXPECTED}{hint}")
 
 
 class _Lines:

@@ -89,6 +89,14 @@ def test_another_layout_lists_what_is_there(tmp_path, names):
     assert all(n in str(info.value) for n in names)
 
 
+def test_an_unextracted_archive_says_so(tmp_path):
+    name = "criteo-research-kaggle-display-advertising-challenge-dataset.tar.gz"
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=f"extract {name} first") as info:
+        find_criteo_files(tmp_path)
+    _names_expected(str(info.value), tmp_path)
+
+
 @pytest.mark.parametrize("names", [["day_0", "day_1", "train.txt"], ["day_0", "day_0.gz"],
                                    ["train.txt", "train.txt.gz"]])
 def test_ambiguous_layouts(tmp_path, names):
