@@ -10,6 +10,10 @@ Preprocessing (two passes over the inputs, one task per file, optionally on Dask
    ``min_count`` times (and missing ones) in bucket 0; optional crosses of two categorical
    features as extra categorical columns. Each input file becomes one output part with its
    keyset (ids offset per column into one global key space).
+
+Gzipped day files (``day_0.gz``, as the 1TB set is published) are read as they are. Finding the
+files of a real download and sampling rows from it: `find_criteo_files` and `take_criteo_rows`
+(in `data_gen.criteo_files`, importable from here too).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from data_gen.criteo import CAT_NAMES, CONT_NAMES, LABEL_NAME
+from data_gen.criteo_files import find_criteo_files, open_criteo, take_criteo_rows
 from kernels import checks
 from sok_tutorial.atomic import abort_directory, begin_directory, check_destination, commit_directory
 from sok_tutorial.data.categorify import Categorify
@@ -32,6 +37,7 @@ from sok_tutorial.data.parallel import parallel_map
 from sok_tutorial.data.schema import ColumnSchema, Schema, write_file_list
 from sok_tutorial.data.writer import DEFAULT_ROW_GROUP_SIZE, PartWriter, as_table, finalize_schema
 
+__all__ = ["MalformedLineError", "find_criteo_files", "iter_criteo_tsv", "preprocess_criteo", "take_criteo_rows"]
 NAMES = [LABEL_NAME, *CONT_NAMES, *CAT_NAMES]
 _FIELDS = len(NAMES)
 _TYPES = {LABEL_NAME: pa.int8(), **{n: pa.float32() for n in CONT_NAMES}, **{n: pa.string() for n in CAT_NAMES}}
@@ -45,7 +51,7 @@ class MalformedLineError(ValueError):
 def iter_criteo_tsv(path: str | Path, *, on_bad_lines: str = "error", block_bytes: int = 32 << 20,
                     counter: dict[str, int] | None = None) -> Iterator[pa.Table]:
     """Read a Criteo day file in blocks: ``label`` int8, ``I1..I13`` float32 (null if empty),
-    ``C1..C26`` strings (null if empty).
+    ``C1..C26`` strings (null if empty). A path ending in ``.gz`` is decompressed as it is read.
 
     Args:
         on_bad_lines: ``"error"`` raises `MalformedLineError` naming file and line number;
@@ -59,7 +65,7 @@ def iter_criteo_tsv(path: str | Path, *, on_bad_lines: str = "error", block_byte
     counter.setdefault("rows", 0)
     counter.setdefault("bad_lines", 0)
     lines_before = 0
-    with open(path, "rb") as fh:
+    with open_criteo(path) as fh:
         leftover = b""
         while True:
             data = fh.read(block_bytes)
