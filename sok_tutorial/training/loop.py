@@ -4,11 +4,14 @@ It logs the loss and samples/s and evaluates AUC every ``eval_interval`` steps (
 TensorBoard and the returned `History`), writes snapshots (`sok_tutorial.training.checkpoint`)
 every ``snapshot_interval`` steps and resumes from the latest one, so an interrupted run
 continues exactly where it stopped: same batches, same optimizer state, same results as if it
-had never stopped.
+had never stopped. With ``patience`` it stops once the validation AUC (or loss) has not improved
+for that many evaluations, and ``restore_best_weights`` gives the model back as it was at its
+best evaluation: Keras' ``EarlyStopping``, for this loop.
 """
 from __future__ import annotations
 
 import math
+import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.progress import progress_bar
+from sok_tutorial.training.metrics import roc_auc
 from sok_tutorial.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -42,6 +46,10 @@ class History:
     eval_loss: list[float] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)
     resumed_from: int | None = None
+    best_step: int | None = None  # the evaluation with the best monitored value
+    best_value: float | None = None
+    stopped_early: bool = False  # `patience` evaluations without improvement ended training
+    restored_best: bool = False  # the model was given back as it was at `best_step`
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -49,8 +57,9 @@ class History:
 
 def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max_batches: int | None = None,
              loss: Any = None) -> dict[str, float]:
-    """AUC and mean loss of `model` over `loader` (at most `max_batches` batches)."""
-    auc = keras.metrics.AUC(num_thresholds=1000)
+    """AUC (exact: `sok_tutorial.training.metrics.roc_auc`) and mean loss of `model` over `loader`
+    (at most `max_batches` batches)."""
+    scores, targets = [], []
     loss_fn = loss or keras.losses.BinaryCrossentropy(from_logits=from_logits)
     total, count = 0.0, 0
 
@@ -62,13 +71,14 @@ def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max
         if max_batches is not None and i >= max_batches:
             break
         out = predict(features)
-        auc.update_state(labels, tf.sigmoid(out) if from_logits else out)
+        scores.append(np.asarray(out, np.float64).reshape(-1))
+        targets.append(np.asarray(labels).reshape(-1))
         n = int(labels.shape[0])
         total += float(loss_fn(labels, out)) * n
         count += n
     if not count:
         raise ValueError("evaluate: the evaluation loader yielded no batches")
-    return {"auc": float(auc.result()), "loss": total / count}
+    return {"auc": roc_auc(np.concatenate(targets), np.concatenate(scores)), "loss": total / count}
 
 
 def _epoch(loader: Any, epoch: int) -> Iterable[Any]:
@@ -83,7 +93,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         snapshot_interval: int | None = None, snapshot_dir: str | Path | None = None, keep_last: int | None = 3,
         max_steps: int | None = None, epochs: int | None = None, log_interval: int = 50,
         log_dir: str | Path | None = None, callbacks: Sequence[Any] = (), resume: bool = True,
-        progress: bool = True, verbose: int | bool = 1) -> History:
+        patience: int | None = None, monitor: str = "auc", min_delta: float = 0.0,
+        restore_best_weights: bool = False, progress: bool = True, verbose: int | bool = 1) -> History:
     """Train `model` on `train_loader` (batches of ``(features, labels)``).
 
     Args:
@@ -102,12 +113,37 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         log_dir: TensorBoard logs (scalars ``loss``, ``samples_per_s``, ``eval_auc``, ``eval_loss``).
         callbacks: Keras callbacks; as in ``model.fit``, ``on_train_batch_end(batch, logs)`` gets the
             batch's index within the epoch, and `logs` carries ``loss`` and ``size``.
+        patience: stop after this many evaluations in a row without an improvement of the
+            `monitor`ed value by more than `min_delta` (needs `eval_interval`); None trains on.
+        monitor: ``"auc"`` (higher is better) or ``"loss"`` (lower is better), on `eval_loader`.
+        restore_best_weights: at the end, give the model back as it was at its best evaluation
+            (the optimizer keeps its latest state). The best model is a checkpoint, kept in
+            ``snapshot_dir/best`` (which a resumed run uses) or else in a temporary directory.
+            The loss and regularisation terms the model adds (``model.losses``) are trained on
+            but not evaluated.
         progress: a tqdm bar over the steps.
         verbose: print one line per logged point (step, loss, samples/s) and per evaluation (step,
             AUC, loss) to stdout, above the bar; ``0`` prints nothing.
 
     Returns:
         `History`.
+
+    Example:
+        >>> import keras, numpy as np, tensorflow as tf
+        >>> import sok_tutorial as sok
+        >>> from sok_tutorial.models import EmbeddingMLP
+        >>> rng = np.random.default_rng(0)
+        >>> users = rng.integers(0, 50, 4096)
+        >>> labels = (rng.random(4096) < np.where(users % 2, 0.8, 0.2)).astype("float32")[:, None]
+        >>> batches = [({"user": tf.constant(users[i:i + 256])}, tf.constant(labels[i:i + 256]))
+        ...            for i in range(0, 3072, 256)]
+        >>> valid = [({"user": tf.constant(users[3072:])}, tf.constant(labels[3072:]))]
+        >>> model = EmbeddingMLP({"user": 50}, dims=4, hidden=[8])
+        >>> model.compile(optimizer=sok.optimizers.Adam(0.05))
+        >>> h = fit(model, batches, epochs=20, eval_loader=valid, eval_interval=12, patience=3,
+        ...         restore_best_weights=True, progress=False, verbose=0)
+        >>> h.stopped_early, h.restored_best, h.best_value > 0.7
+        (True, True, True)
     """
     optimizer = optimizer or getattr(model, "optimizer", None)
     if optimizer is None:
@@ -126,6 +162,15 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         checks.positive_int("eval_interval", eval_interval)
         if eval_loader is None:
             raise ValueError("fit: eval_interval needs an eval_loader")
+    checks.one_of("monitor", monitor, ("auc", "loss"))
+    if patience is not None:
+        checks.positive_int("patience", patience)
+        if eval_interval is None:
+            raise ValueError(f"fit: patience={patience} needs evaluations: pass eval_loader and eval_interval")
+    if restore_best_weights and eval_loader is None:
+        raise ValueError("fit: restore_best_weights=True needs an eval_loader to find the best weights")
+    if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
+        raise ValueError(f"fit: min_delta={min_delta!r}, expected a number >= 0")
     if snapshot_interval is not None:
         checks.positive_int("snapshot_interval", snapshot_interval)
         if snapshot_dir is None:
@@ -138,16 +183,25 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
     def train_step(features: Any, labels: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             value = loss_fn(labels, model(features, training=True))
+            if model.losses:  # regularisation the model adds (e.g. EmbeddingMLP(l2=...))
+                value += tf.add_n([tf.cast(x, value.dtype) for x in model.losses])
         optimizer.apply(tape.gradient(value, model.trainable_variables), model.trainable_variables)
         return value
 
     history = History()
-    step, epoch, skip = 0, 0, 0
+    step, epoch, skip, waited = 0, 0, 0, 0
+    scratch = None  # a temporary directory for the best weights when there is no snapshot_dir
+    if restore_best_weights:
+        if snapshot_dir is None:
+            scratch = tempfile.TemporaryDirectory(prefix="sok-best-")
+        best_dir = Path(scratch.name if scratch else snapshot_dir) / "best"
     if snapshot_dir is not None and resume and (last := latest_checkpoint(snapshot_dir)) is not None:
         _build(model, optimizer, train_loader)
         state = load_checkpoint(last, model, optimizer)
         step, epoch, skip = state["step"], state["epoch"], state["batch_in_epoch"]
         history.resumed_from = step
+        history.best_step, history.best_value = state.get("best_step"), state.get("best_value")
+        waited = state.get("evals_since_best", 0)
     writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
     for cb in callbacks:
         cb.set_model(model)
@@ -171,20 +225,33 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
             say(f"step {step}: loss {history.loss[-1]:.4f}, {history.samples_per_s[-1]:,.0f} samples/s")
         window_loss, window_steps, window_samples, window_start = 0.0, 0, 0, now
 
-    def eval_point() -> None:
+    def eval_point() -> bool:
+        """Evaluate; True when `patience` evaluations in a row brought no improvement."""
+        nonlocal waited
         result = evaluate(model, eval_loader, from_logits=from_logits, max_batches=max_eval_batches, loss=loss)
         history.eval_step.append(step)
         history.eval_auc.append(result["auc"])
         history.eval_loss.append(result["loss"])
+        sign = 1.0 if monitor == "auc" else -1.0  # compare so that larger is better
+        if history.best_value is None or sign * (result[monitor] - history.best_value) > min_delta:
+            history.best_step, history.best_value, waited = step, result[monitor], 0
+            if restore_best_weights:
+                save_checkpoint(best_dir, model, overwrite=True, state={"step": step})
+        else:
+            waited += 1
         _scalars(writer, step, eval_auc=result["auc"], eval_loss=result["loss"])
         bar.set_postfix_str(f"loss {history.loss[-1] if history.loss else math.nan:.4f} auc {result['auc']:.4f}")
         if verbose:
-            say(f"step {step}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+            say(f"step {step}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in result.items())
+                + ("" if waited else " (best so far)"))
+        return patience is not None and waited >= patience
 
     def snapshot(batch_in_epoch: int) -> None:
         target = step_dir(snapshot_dir, step)
         save_checkpoint(target, model, optimizer, overwrite=True,
-                        state={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
+                        state={"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+                               "best_step": history.best_step, "best_value": history.best_value,
+                               "evals_since_best": waited})
         history.snapshots.append(str(target))
         prune_checkpoints(snapshot_dir, keep_last)
 
@@ -206,10 +273,15 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
             bar.update()
             if step % log_interval == 0:
                 log_point()
-            if eval_interval and step % eval_interval == 0:
-                eval_point()
+            stop = bool(eval_interval and step % eval_interval == 0 and eval_point())
             if snapshot_interval and step % snapshot_interval == 0:
                 snapshot(seen)
+            if stop:
+                history.stopped_early = done = True
+                if verbose:
+                    say(f"fit: stopped at step {step}: no better validation {monitor} in {patience} evaluations "
+                        f"since step {history.best_step}")
+                break
             if max_steps is not None and step >= max_steps:
                 done = True
                 break
@@ -229,6 +301,14 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         eval_point()
     if snapshot_dir is not None and (not history.snapshots or not history.snapshots[-1].endswith(f"{step:08d}")):
         snapshot(seen if done else 0)
+    if restore_best_weights and history.best_step is not None and history.best_step != step:
+        load_checkpoint(best_dir, model)  # the model only: the optimizer keeps its latest state
+        history.restored_best = True
+        if verbose:
+            say(f"fit: restored the weights of step {history.best_step} (validation {monitor} "
+                f"{history.best_value:.4f})")
+    if scratch is not None:
+        scratch.cleanup()
     bar.close()
     for cb in callbacks:
         cb.on_train_end()

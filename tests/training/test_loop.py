@@ -64,9 +64,11 @@ def test_verbose_prints_log_and_eval_lines_and_verbose_false_prints_none(ratings
             progress=progress)
         lines = capsys.readouterr().out.splitlines()
         logs = [line for line in lines if re.fullmatch(r"step \d+: loss \d+\.\d{4}, [\d,]+ samples/s", line)]
-        evals = [line for line in lines if re.fullmatch(r"step \d+: eval auc \d\.\d{4}, loss \d+\.\d{4}", line)]
+        evals = [line for line in lines
+                 if re.fullmatch(r"step \d+: eval auc \d\.\d{4}, loss \d+\.\d{4}( \(best so far\))?", line)]
         assert [line.split(":")[0] for line in logs] == ["step 2", "step 4", "step 6", "step 8"], lines
         assert [line.split(":")[0] for line in evals] == ["step 4", "step 8"], lines
+        assert evals[0].endswith("(best so far)")  # the first evaluation is always the best yet
         assert len(lines) == 6, lines  # nothing else on stdout; the bar stays on stderr
     for quiet in (False, 0):
         train, valid = _loaders(root)
