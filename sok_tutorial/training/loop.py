@@ -24,7 +24,6 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.progress import progress_bar
-from sok_tutorial.training.metrics import roc_auc
 from sok_tutorial.training.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -32,6 +31,7 @@ from sok_tutorial.training.checkpoint import (
     save_checkpoint,
     step_dir,
 )
+from sok_tutorial.training.metrics import roc_auc
 
 
 @dataclass
