@@ -214,8 +214,14 @@ def movielens_layout(path: str | Path) -> str | None:
     return None
 
 
+_EXPECTED = "ratings.csv + movies.csv (ml-25m), ratings.dat + movies.dat (ml-1m) or u.data + u.item (ml-100k)"
+
+
 def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, Any]]:
     """Find the layout, read the (small) movie table and say where the ratings are."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"path={str(path)!r} {'is not a directory' if path.exists() else 'does not exist'}: "
+                                f"expected a MovieLens directory holding {_EXPECTED}")
     if (path / "ratings.csv").is_file() and (path / "movies.csv").is_file():
         movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str})
         movies["genres"] = [[] if not isinstance(g, str) or g == _NO_GENRES else g.split("|") for g in movies["genres"]]
@@ -231,9 +237,9 @@ def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, 
         movies = pd.DataFrame({"movieId": item[0].astype(np.int64), "title": item[1],
                                "genres": [[GENRES[j - 1] for j in np.flatnonzero(row) if j] for row in flags]})
         return movies, path / "u.data", {"layout": "ml-100k", "sep": "\t", "header": False}
-    raise FileNotFoundError(
-        f"path={str(path)!r} holds no MovieLens layout: expected ratings.csv + movies.csv (ml-25m), "
-        "ratings.dat + movies.dat (ml-1m) or u.data + u.item (ml-100k)")
+    found = sorted(p.name for p in path.iterdir())
+    raise FileNotFoundError(f"path={str(path)!r} holds no MovieLens layout: expected {_EXPECTED}; found "
+                            + (", ".join(found[:8]) + (" ..." if len(found) > 8 else "") if found else "nothing"))
 
 
 def iter_movielens(path: str | Path, *, chunk_bytes: int = 64 << 20) -> Iterator[pa.Table]:

@@ -42,9 +42,15 @@ def check_02(m: dict[str, Any], p: dict[str, Any]) -> None:
 
 
 def check_03(m: dict[str, Any], p: dict[str, Any]) -> None:
-    assert m["eval_steps"][-1] == p["MAX_STEPS"] and len(m["eval_auc"]) == p["MAX_STEPS"] // p["EVAL_INTERVAL"]
-    assert 0.6 < m["final_auc"] <= m["oracle_auc"] + 0.02 and m["eval_auc"][-1] > m["eval_auc"][0]
-    assert m["export_max_abs_diff"] < 1e-6 and m["snapshots"] == p["MAX_STEPS"] // p["SNAPSHOT_INTERVAL"]
+    per_epoch, aucs = m["steps_per_epoch"], m["eval_auc"]
+    assert per_epoch == -(-m["train_rows"] // p["BATCH_SIZE"]) and m["batch_size"] == p["BATCH_SIZE"]
+    # the smoke run overfits within MAX_EPOCHS: training stops PATIENCE evaluations after the best
+    assert m["stopped_early"] and m["epochs_trained"] < p["MAX_EPOCHS"]
+    assert m["eval_steps"] == [per_epoch * (i + 1) for i in range(len(aucs))]  # one evaluation an epoch
+    assert m["epochs_trained"] == m["best_epoch"] + p["PATIENCE"] and m["best_auc"] == max(aucs)
+    assert abs(m["final_auc"] - m["best_auc"]) < 1e-6 and m["last_eval_auc"] < m["best_auc"]  # the best is kept
+    assert m["popularity_auc"] < m["logistic_auc"] < m["final_auc"] <= m["oracle_auc"] + 0.02
+    assert m["export_max_abs_diff"] < 1e-6 and m["snapshots"] == m["epochs_trained"]
     assert m["train_rows"] + m["valid_rows"] == p["NUM_RATINGS"]
 
 
@@ -134,8 +140,8 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
         check_02,
     ),
     "03-training-overview-movielens": (
-        {"NUM_RATINGS": 30_000, "NUM_USERS": 100, "NUM_MOVIES": 100, "BATCH_SIZE": 512, "MAX_STEPS": 300,
-         "EVAL_INTERVAL": 100, "SNAPSHOT_INTERVAL": 150, "EMBEDDING_DIM": 8, "PROGRESS": False},
+        {"NUM_RATINGS": 30_000, "NUM_USERS": 100, "NUM_MOVIES": 100, "BATCH_SIZE": 512, "LEARNING_RATE": 0.02,
+         "MAX_EPOCHS": 8, "EVALS_PER_EPOCH": 1, "PATIENCE": 2, "EMBEDDING_DIM": 8, "PROGRESS": False},
         check_03,
     ),
     "04-sok-dense-demo": (
@@ -211,8 +217,8 @@ def test_notebook_03_reads_a_real_movielens_layout_in_data_dir(tmp_path):
     stars = np.clip(np.round(3 + (users % 3 - 1) + (movies % 2) + rng.normal(0, 0.7, 12_000)), 1, 5).astype(int)
     (data / "ratings.dat").write_text("".join(f"{u}::{m}::{r}::{978300000 + i}\n"
                                               for i, (u, m, r) in enumerate(zip(users, movies, stars))))
-    params = {**SMOKE["03-training-overview-movielens"][0], "MAX_STEPS": 60, "EVAL_INTERVAL": 30,
-              "SNAPSHOT_INTERVAL": 30, "DATA_DIR": str(data), "OUTPUT_DIR": str(out)}
+    params = {**SMOKE["03-training-overview-movielens"][0], "MAX_EPOCHS": 3, "DATA_DIR": str(data),
+              "OUTPUT_DIR": str(out)}
     pm.execute_notebook(str(NOTEBOOKS / "03-training-overview-movielens.ipynb"), str(tmp_path / "03.ipynb"),
                         parameters=params, cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False,
                         log_output=False)

@@ -63,3 +63,50 @@ def test_notebook_07_names_the_expected_files_when_criteo_dir_holds_none(tmp_pat
     assert "FileNotFoundError" in message and str(empty) in message and "is empty" in message
     assert "day_0" in message and "train.txt" in message
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+NB_03 = "03-training-overview-movielens"
+
+
+def _ml_100k(root, ratings: int = 6000) -> None:
+    """The ml-100k layout: ``u.data`` (user, item, rating, time; tabs) and ``u.item`` (pipes, the
+    last 19 fields the 'unknown' flag and the 18 genre flags)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    root.mkdir()
+    flags = rng.random((80, 19)) < 0.15
+    (root / "u.item").write_text("".join(
+        f"{m}|Movie {m} (1995)|01-Jan-1995||http://example.org|" + "|".join(str(int(f)) for f in flags[m - 1]) + "\n"
+        for m in range(1, 81)), encoding="latin-1")
+    users, movies = rng.integers(1, 121, ratings), rng.integers(1, 81, ratings)
+    stars = np.clip(np.round(3 + (users % 3 - 1) + (movies % 2) + rng.normal(0, 0.7, ratings)), 1, 5).astype(int)
+    (root / "u.data").write_text("".join(f"{u}\t{m}\t{r}\t{881250949 + 7 * i}\n"
+                                         for i, (u, m, r) in enumerate(zip(users, movies, stars))))
+
+
+def test_notebook_03_on_an_ml_100k_layout_with_baselines_beside_the_model(tmp_path):
+    _ml_100k(tmp_path / "ml-100k")
+    _run(NB_03, tmp_path, MOVIELENS_DIR=str(tmp_path / "ml-100k"), MAX_EPOCHS=4, LEARNING_RATE=0.01)
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["layout"] == "ml-100k" and m["oracle_auc"] is None and m["train_rows"] + m["valid_rows"] == 6000
+    assert abs(m["final_auc"] - m["best_auc"]) < 1e-6 and m["final_auc"] > 0.6  # user and movie effects are planted
+    assert 0.5 < m["popularity_auc"] < m["logistic_auc"]  # the users' effects are only in the regression
+    assert m["export_max_abs_diff"] < 1e-6
+
+
+@pytest.mark.parametrize("layout", ["missing", "other"])
+def test_notebook_03_lists_the_expected_files_when_movielens_dir_holds_none(tmp_path, layout):
+    import papermill as pm
+
+    target = tmp_path / "ml"
+    if layout == "other":
+        target.mkdir()
+        (target / "ratings.parquet").write_bytes(b"")
+    with pytest.raises(pm.PapermillExecutionError) as info:
+        _run(NB_03, tmp_path, MOVIELENS_DIR=str(target))
+    message = str(info.value)
+    assert "FileNotFoundError" in message and str(target) in message
+    assert "u.data + u.item (ml-100k)" in message and "ratings.dat + movies.dat" in message
+    assert ("does not exist" if layout == "missing" else "found ratings.parquet") in message
+    assert not (tmp_path / "out" / "metrics.json").exists()
