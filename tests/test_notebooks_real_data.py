@@ -9,8 +9,9 @@ import shutil
 
 import pytest
 
-from tests.test_notebooks import NOTEBOOKS, SMOKE, check_07
+from tests.test_notebooks import NOTEBOOKS, SMOKE, check_05, check_07
 
+NB_05 = "05-dlrm-native-vs-accelerated"
 NB_07 = "07-continuous-training-cache"
 
 
@@ -110,3 +111,26 @@ def test_notebook_03_lists_the_expected_files_when_movielens_dir_holds_none(tmp_
     assert "u.data + u.item (ml-100k)" in message and "ratings.dat + movies.dat" in message
     assert ("does not exist" if layout == "missing" else "found ratings.parquet") in message
     assert not (tmp_path / "out" / "metrics.json").exists()
+
+
+def test_notebook_05_on_a_kaggle_train_txt_fits_its_vocabulary_on_the_training_rows(tmp_path):
+    """Kaggle's layout: one gzipped ``train.txt``; ROWS training rows, then VALID_ROWS after them."""
+    from data_gen.criteo import scaled_cardinalities, write_criteo_tsv
+
+    smoke = SMOKE[NB_05][0]
+    download = tmp_path / "kaggle"
+    [day] = write_criteo_tsv(download, smoke["ROWS"] + smoke["VALID_ROWS"] + 500,
+                             cardinalities=scaled_cardinalities(smoke["CRITEO_SCALE"]), seed=5, progress=False)
+    with open(day, "rb") as src, gzip.open(download / "train.txt.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    for extra in list(download.iterdir()):
+        if extra.name != "train.txt.gz":
+            extra.unlink()
+    params = _run(NB_05, tmp_path, CRITEO_DIR=str(download), MIN_COUNT=2)
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert m["oracle_auc"] is None and m["real_data"] is True
+    check_05({**m, "oracle_auc": 1.0}, params)  # speed, phases, losses and AUCs as on generated data
+    data = next((tmp_path / "data").glob("criteo-dlrm-real-*"))
+    train, valid = (json.loads((data / f"{part}-min2" / "source.json").read_text()) for part in ("train", "valid"))
+    assert [f[0] for f in train["files"]] == ["day_0", "day_1"] and [f[0] for f in valid["files"]] == ["day_2"]
+    assert valid["vocabulary_from"].endswith("categorify")  # validation ids come from the training vocabulary
