@@ -125,3 +125,17 @@ def test_roc_auc_is_the_share_of_correctly_ordered_pairs_with_ties_half():
     assert np.isnan(roc_auc(np.zeros(5), np.arange(5)))
     with pytest.raises(ValueError, match="labels has 3 values but scores has 2"):
         roc_auc(np.zeros(3), np.zeros(2))
+
+
+def test_keras_early_stopping_restores_a_model_with_sparse_tables_in_model_fit(ratings):
+    """The notebooks that train with ``model.fit`` use Keras' own callback: our tables and sparse
+    optimizer must survive its get_weights / set_weights round trip."""
+    model, train, valid = _setup(*ratings)
+    model.compile(optimizer=model.optimizer, loss=keras.losses.BinaryCrossentropy(from_logits=True),
+                  metrics=[keras.metrics.AUC(from_logits=True, name="auc")])
+    stop = keras.callbacks.EarlyStopping(monitor="val_auc", mode="max", patience=2, restore_best_weights=True)
+    h = model.fit(train, validation_data=valid, epochs=30, callbacks=[stop], verbose=0)
+    aucs = h.history["val_auc"]
+    assert stop.stopped_epoch > 0 and len(aucs) < 30 and max(aucs) > aucs[-1]
+    restored = model.evaluate(valid, verbose=0, return_dict=True)["auc"]
+    assert restored == pytest.approx(max(aucs), abs=1e-6)
