@@ -15,7 +15,8 @@ from sok_tutorial.embedding import DistributedEmbedding
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
 class LogisticRegression(keras.Model):
-    """A weight per id of every categorical feature, summed, plus a bias -> logit.
+    """A weight per id of every categorical feature, summed, plus a weight per continuous feature
+    and a bias -> logit.
 
     That is logistic regression on the one-hot encoding of each feature (a multi-hot feature
     contributes the weight of each entry of its list), stored as embedding tables one wide, so
@@ -29,6 +30,11 @@ class LogisticRegression(keras.Model):
         multi_hot: features that arrive as lists (``tf.RaggedTensor [batch, None]``); the
             weights of a list's entries are summed.
         max_nnz: longest list of a multi-hot feature.
+        cont_names: continuous features ``[batch]`` (per-feature layout), each with a weight.
+        num_continuous: width of ``features["continuous"]`` (the loaders' ``concat_continuous``
+            layout), each column with a weight.
+        log_continuous: take ``log(1 + max(x, 0))`` of the continuous features first, as `DLRM`
+            does with Criteo's counts.
         l2: weight of an L2 penalty on the weights a batch looks up (their squares summed over
             the features, averaged over the batch), in the model's ``losses``.
 
@@ -37,12 +43,14 @@ class LogisticRegression(keras.Model):
         >>> batch = {"user": tf.constant([1, 2]), "genres": tf.ragged.constant([[1, 3], []], dtype=tf.int64)}
         >>> model(batch).shape
         TensorShape([2, 1])
-        >>> LogisticRegression([4, 3])({"categorical": tf.constant([[0, 2], [3, 1]])}).shape
+        >>> model = LogisticRegression([4, 3], num_continuous=2, log_continuous=True)
+        >>> model({"categorical": tf.constant([[0, 2], [3, 1]]), "continuous": tf.ones([2, 2])}).shape
         TensorShape([2, 1])
     """
 
     def __init__(self, cardinalities: Mapping[str, int] | Sequence[int], *, multi_hot: Sequence[str] = (),
-                 max_nnz: int = 64, l2: float = 0.0, **kwargs: Any):
+                 max_nnz: int = 64, cont_names: Sequence[str] = (), num_continuous: int = 0,
+                 log_continuous: bool = False, l2: float = 0.0, **kwargs: Any):
         super().__init__(**kwargs)
         self.concat = not isinstance(cardinalities, Mapping)
         names = [f"categorical[{i}]" for i in range(len(cardinalities))] if self.concat else list(cardinalities)
@@ -57,6 +65,13 @@ class LogisticRegression(keras.Model):
         self.multi_hot = [] if self.concat else checks.known_names("multi_hot", multi_hot, names)
         self.max_nnz = checks.positive_int("max_nnz", max_nnz)
         self.l2 = checks.fraction("l2", l2, low=0.0, high=float("inf"))
+        self.cont_names, self.log_continuous = list(cont_names), bool(log_continuous)
+        self.num_continuous = checks.positive_int("num_continuous", num_continuous, allow_zero=True)
+        if self.cont_names and self.num_continuous:
+            raise ValueError(f"cont_names={self.cont_names} and num_continuous={num_continuous}: give one layout")
+        width = len(self.cont_names) or self.num_continuous
+        self.dense = (keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="continuous")
+                      if width else None)
         if self.concat:
             self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]]).astype(np.int64)
             self.weights_table = DistributedEmbedding("sum", int(sum(self.cardinalities)), 1,
@@ -83,8 +98,14 @@ class LogisticRegression(keras.Model):
             weights = tf.concat(parts, axis=1)  # (B, F)
         if self.l2:
             self.add_loss(self.l2 * tf.reduce_mean(tf.reduce_sum(tf.square(weights), axis=1)))
-        return tf.reduce_sum(weights, axis=1, keepdims=True) + self.bias  # (B, 1)
+        logit = tf.reduce_sum(weights, axis=1, keepdims=True) + self.bias  # (B, 1)
+        if self.dense is not None:
+            x = (tf.cast(features["continuous"], tf.float32) if self.num_continuous
+                 else tf.stack([tf.cast(features[n], tf.float32) for n in self.cont_names], axis=1))
+            logit += self.dense(tf.math.log1p(tf.maximum(x, 0.0)) if self.log_continuous else x)
+        return logit
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "cardinalities": self.cardinalities, "multi_hot": self.multi_hot,
-                "max_nnz": self.max_nnz, "l2": self.l2}
+                "max_nnz": self.max_nnz, "cont_names": self.cont_names,
+                "num_continuous": self.num_continuous, "log_continuous": self.log_continuous, "l2": self.l2}
