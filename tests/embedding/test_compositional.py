@@ -275,3 +275,14 @@ def test_criteo_like_auc_within_tolerance_of_the_full_table_in_less_memory():
     assert auc["full"] > 0.65  # the models learn (the oracle, continuous features too, is near 0.8)
     assert auc["mixed"] > auc["full"] - MIXED_TOLERANCE, (auc, layers["mixed"].block_dims)
     assert auc["qr4"] > auc["full"] - QR_TOLERANCE, auc
+
+
+@pytest.mark.parametrize("make", [lambda: QREmbedding("mean", 100, 8, num_collisions=3, operation="add", slot_num=2),
+                                  lambda: MixedDimensionEmbedding("sum", [10, 90], 8, block_dims=[8, 2], slot_num=2)])
+def test_config_round_trip(make):
+    layer = make()
+    again = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(again) is type(layer) and again.get_config() == layer.get_config()
+    layer.build(), again.build()
+    for a, b in zip(again.tables, layer.tables):  # key-seeded tables: the same rows (projections are Glorot draws)
+        np.testing.assert_array_equal(a.variable.numpy(), b.variable.numpy())
