@@ -30,10 +30,13 @@ and no policy, with ``track_changes``, and full ones evicting every step or two 
 ``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with ``evict_fraction``
 1/64 and 1/8; samples/s (median and amortized), the ratio to the roomy table (goal: LRU at
 capacity >= 0.85x), rows evicted per step, and the per-op profile of the roomy and the LRU table.
+Group ``memory`` (``benchmarks/_memory.py``): a 1M-id table against `QREmbedding` (2, 4 and 16
+collisions) and `MixedDimensionEmbedding` on the same Zipf keys: bytes and samples/s, each as a
+ratio to the full table.
 JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape, index),
-``embedding_eviction.json`` (eviction).
+``embedding_eviction.json`` (eviction), ``embedding_memory.json`` (memory).
 
-    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction]
+    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory]
                                    [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
@@ -50,13 +53,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench, _eviction, _tables  # noqa: E402
+from benchmarks import _bench, _eviction, _memory, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
 TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
-GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction")
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory")
 
 
 def draw_keys(rng, rows: int, shape: tuple, keys: str):
@@ -165,6 +168,8 @@ def child(argv: list[str]) -> None:
     elif case.startswith("eviction:"):  # eviction:<case>[:profile]
         parts = case.split(":")
         result = _eviction.train(parts[1], steps, profile=parts[-1] == "profile")
+    elif case.startswith("memory:"):  # memory:<case>
+        result = _memory.train(case.split(":")[1], steps)
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
     else:
@@ -277,6 +282,14 @@ def main() -> None:
                   + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in ops[:8]))
     if "eviction" in groups:
         eviction(args, run)
+    if "memory" in groups:
+        steps = args.steps or (6 if args.quick else _memory.STEPS)
+        measured: dict[str, list] = {}
+        for _ in range(1 if args.quick else args.repeat):
+            for case in _memory.CASES:
+                measured.setdefault(case, []).append(run(f"memory:{case}", 0, steps, ""))
+        rows, notes = _memory.report(measured)
+        _bench.report("embedding_memory", rows, args.out, notes=notes)
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:

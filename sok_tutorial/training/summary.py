@@ -27,6 +27,13 @@ def keras_embeddings(model: Any) -> list[Any]:
     return [layer for layer in layers if isinstance(layer, keras.layers.Embedding)]
 
 
+def composed_embedding_weights(model: Any) -> list[Any]:
+    """The weights of layers that compose embeddings from several tables and projections
+    (`QREmbedding`, `MixedDimensionEmbedding`: their ``embedding_weights``)."""
+    layers = model._flatten_layers(include_self=True) if hasattr(model, "_flatten_layers") else []
+    return [v for layer in layers for v in getattr(layer, "embedding_weights", ())]
+
+
 def _is_table(variable: Any, keras_tables: set[int]) -> bool:
     return table_of(variable) is not None or id(variable) in keras_tables
 
@@ -35,9 +42,11 @@ def parameter_report(model: Any) -> dict[str, int]:
     """Parameters and bytes of embedding tables vs everything else (trainable variables).
 
     Tables are this package's embedding variables and the weights of ``keras.layers.Embedding``
-    layers, so a model built either way reports the same split.
+    layers, so a model built either way reports the same split; the projections of a
+    `MixedDimensionEmbedding` count as embedding (they are part of its vectors).
     """
     tables = {id(v) for layer in keras_embeddings(model) for v in layer.trainable_variables}
+    tables |= {id(v) for v in composed_embedding_weights(model)}
     emb = [v for v in model.trainable_variables if _is_table(v, tables)]
     dense = [v for v in model.trainable_variables if not _is_table(v, tables)]
 
@@ -59,8 +68,10 @@ def model_summary(model: Any, sample: Any, print_fn: Callable[[str], None] | Non
     """
     rows: list[dict[str, Any]] = []
     layers = model._flatten_layers(include_self=False)
-    held = {id(layer.table) for layer in layers if getattr(layer, "table", None) is not None}
-    layers = [layer for layer in layers if id(layer) not in held]  # a SOK layer's table is part of that layer
+    held = {id(sub) for layer in layers
+            if getattr(layer, "table", None) is not None or hasattr(layer, "embedding_weights")
+            for sub in layer._flatten_layers(include_self=False)}
+    layers = [layer for layer in layers if id(layer) not in held]  # a SOK layer's tables are part of that layer
     originals = {}
 
     def wrap(layer: Any) -> Callable[..., Any]:
