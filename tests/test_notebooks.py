@@ -51,7 +51,7 @@ def check_03(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert abs(m["final_auc"] - m["best_auc"]) < 1e-6 and m["last_eval_auc"] < m["best_auc"]  # the best is kept
     assert m["popularity_auc"] < m["logistic_auc"] < m["final_auc"] <= m["oracle_auc"] + 0.02
     assert m["export_max_abs_diff"] < 1e-6 and m["snapshots"] == m["epochs_trained"]
-    assert m["train_rows"] + m["valid_rows"] == p["NUM_RATINGS"]
+    assert m["train_rows"] + m["valid_rows"] == p["NUM_RATINGS"] and m["popularity_rows"] == m["valid_rows"]
 
 
 def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
