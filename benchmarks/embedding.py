@@ -36,7 +36,11 @@ ratio to the full table.
 JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape, index),
 ``embedding_eviction.json`` (eviction), ``embedding_memory.json`` (memory).
 
-    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory]
+Group ``precision`` (``benchmarks/_precision.py``): the torchrec_shape workload in float32,
+bfloat16 and float16 tables (``storage_dtype``), SGD and Adam, bytes per row and samples/s side
+by side; ``embedding_precision.json``.
+
+    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision]
                                    [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
@@ -53,13 +57,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench, _eviction, _memory, _tables  # noqa: E402
+from benchmarks import _bench, _eviction, _memory, _precision, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
 TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
-GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory")
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision")
 
 
 def draw_keys(rng, rows: int, shape: tuple, keys: str):
@@ -170,6 +174,9 @@ def child(argv: list[str]) -> None:
         result = _eviction.train(parts[1], steps, profile=parts[-1] == "profile")
     elif case.startswith("memory:"):  # memory:<case>
         result = _memory.train(case.split(":")[1], steps)
+    elif case.startswith("precision:"):  # precision:<case>[:quick]
+        parts = case.split(":")
+        result = _precision.train(parts[1], steps, quick=parts[-1] == "quick")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
     else:
@@ -290,6 +297,8 @@ def main() -> None:
                 measured.setdefault(case, []).append(run(f"memory:{case}", 0, steps, ""))
         rows, notes = _memory.report(measured)
         _bench.report("embedding_memory", rows, args.out, notes=notes)
+    if "precision" in groups:
+        precision(args, run)
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
@@ -354,6 +363,19 @@ def eviction(args: Any, run: Any) -> None:
         ops = prof if isinstance(prof, list) else prof["ops_ms"]
         print(f"top ops, {name} (ms of CPU per step): "
               + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in ops[:8]))
+
+
+def precision(args: Any, run: Any) -> None:
+    """The precision group (`benchmarks._precision`): float32, bfloat16 and float16 tables side by side."""
+    steps = args.steps or (6 if args.quick else _tables.STEPS)
+    results: dict[str, list] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for case in _precision.CASES:
+            results.setdefault(case, []).append(run(f"precision:{case}" + (":quick" if args.quick else ""), 0,
+                                                    steps, ""))
+    rows = _precision.report(results)
+    _bench.report("embedding_precision", rows, args.out,
+                  notes={"workload": _precision.__doc__.split("\n\n")[1].replace("\n", " ")})
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ from sok_tutorial.optimizers_base import (
     _fresh,
     _gather,
     _restart,
+    _slot_dtype,
     _slot_prefix,
     _SparseMixin,
     _write,
@@ -76,7 +77,7 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
         if self.momentum == 0:
             _write(self, variable, rows, _gather(variable, rows) - g * lr)
             return None
-        momentum = tf.cast(self.momentum, variable.dtype)
+        momentum = tf.cast(self.momentum, g.dtype)
         m = self.momentums[self._get_variable_index(variable)]
         m_new = _restart(_gather(m, rows), fresh) * momentum - g * lr
         _write(self, m, rows, m_new)
@@ -104,7 +105,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
             if table_of(var) is not None:
                 width = int(var.shape[-1]) * (3 if self.amsgrad else 2) + (1 if self._row_counts else 0)
                 self._fused.append(self.add_variable((rows, width), name=f"{_slot_prefix(var)}_moments",
-                                                     dtype=var.dtype))
+                                                     dtype=_slot_dtype(var)))
                 self._momentums.append(None)
                 self._velocities.append(None)
                 self._velocity_hats.append(None)
@@ -150,8 +151,8 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
         v_new = v_rows + (tf.square(g) - v_rows) * (1 - self.beta_2)
         v_use = tf.maximum(v_hat_rows, v_new) if self.amsgrad else v_new
         if not self._row_counts:
-            steps = tf.cast(self.iterations + 1, variable.dtype)
-        alpha = self._alpha(lr, variable.dtype, steps)
+            steps = tf.cast(self.iterations + 1, g.dtype)
+        alpha = self._alpha(lr, g.dtype, steps)
         if slot is not None:
             _write(self, slot, rows, tf.concat([m_new, v_new] + ([v_use] if self.amsgrad else [])
                                                + ([steps] if self._row_counts else []), 1))

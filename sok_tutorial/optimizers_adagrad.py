@@ -19,6 +19,7 @@ from sok_tutorial.optimizers_base import (
     _fresh,
     _gather,
     _restart,
+    _slot_dtype,
     _slot_prefix,
     _SparseMixin,
     _write,
@@ -80,7 +81,7 @@ class RowWiseAdagrad(Adagrad):
         keras.optimizers.Optimizer.build(self, var_list)
         start = keras.initializers.Constant(self.initial_accumulator_value)
         self._accumulators = [
-            self.add_variable((int(var.shape[0]),), initializer=start, dtype=var.dtype,
+            self.add_variable((int(var.shape[0]),), initializer=start, dtype=_slot_dtype(var),
                               name=f"{_slot_prefix(var)}_accumulator")
             if table_of(var) is not None else self.add_variable_from_reference(var, "accumulator", initializer=start)
             for var in var_list]

@@ -20,6 +20,12 @@ tables' optimizers' variables after the model optimizer's own, so a checkpoint o
 optimizer (`sok_tutorial.training.checkpoint`) keeps their step counts along with their slots.
 (``keras.saving.load_model`` gives tables back without their optimizer: ``EmbeddingTable``'s
 config does not hold it.)
+
+A table stored in float16 or bfloat16 (`sok_tutorial.embedding.precision`) is updated in
+float32: `_gather` casts the rows and slots it reads up, every formula runs unchanged on them,
+and `_write` rounds what it writes back to the variable's type, to nearest or stochastically
+(the table's ``stochastic_rounding``, with the optimizer's step count in the noise's seed).
+Slots are created in the table's ``slot_dtype`` (`_slot_dtype`).
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from sok_tutorial.embedding import precision
 from sok_tutorial.embedding.ops import UniqueRowsGradient, sum_by_position
 from sok_tutorial.embedding.table import table_of
 
@@ -47,11 +54,27 @@ def _tf(variable: Any) -> Any:
 
 
 def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
-    return tf.gather(_tf(slot), rows)  # a resource gather: reads only these rows
+    """Rows of a variable or slot (a resource gather: reads only these rows), float16 and bfloat16 in float32."""
+    return precision.widen(tf.gather(_tf(slot), rows))
 
 
 def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
+    """Write rows back, rounded to the variable's type when it is narrower (as its table rounds)."""
+    dtype = tf.as_dtype(variable.dtype)
+    if values.dtype != dtype:
+        table, stream = table_of(variable), 0
+        if table is None:
+            table, stream = precision.slot_owner(variable)
+        stochastic = table is not None and table.precision.stochastic_rounding
+        values = precision.narrow(values, dtype, rows, stochastic=stochastic, step=optimizer.iterations,
+                                  seed=table.init.seed if stochastic else 0, stream=stream)
     optimizer.assign(variable, tf.IndexedSlices(values, rows))
+
+
+def _slot_dtype(variable: Any) -> Any:
+    """The dtype of `variable`'s per-row slots: its table's ``slot_dtype``, else its own."""
+    table = table_of(variable)
+    return variable.dtype if table is None else table.precision.slot
 
 
 def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
@@ -133,6 +156,20 @@ class _SparseMixin:
         object.__setattr__(self, "_built_for", variables)
         object.__setattr__(self, "_delegates", tuple(other for other, _ in others))
         self._build_slots([variables[i] for i in own])
+        for variable in variables:  # slots of low-precision tables round as their table does
+            table = table_of(variable)
+            if table is not None and table.precision.low:
+                for slot in table.optimizer_slots(self):
+                    precision.own_slot(table, slot)
+
+    def add_variable_from_reference(self, reference_variable: Any, name: str | None = None,
+                                    initializer: Any = "zeros") -> Any:
+        """Keras' slot of a variable, in its table's ``slot_dtype`` for a table."""
+        dtype = _slot_dtype(reference_variable)
+        if dtype == reference_variable.dtype:
+            return super().add_variable_from_reference(reference_variable, name, initializer)
+        return self.add_variable(shape=reference_variable.shape, initializer=initializer, dtype=dtype,
+                                 name=f"{_slot_prefix(reference_variable)}_{name or 'var'}")
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Dense gradients of other variables: Keras' own update. Everything else (a table's
@@ -140,8 +177,9 @@ class _SparseMixin:
         gradient = _sparse(gradient, variable)
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
-        rows, g = _touched(gradient, variable.dtype)
-        return self._sparse_step(variable, rows, g, tf.cast(learning_rate, variable.dtype))
+        dtype = precision.compute_dtype(variable.dtype)  # float32 for a low-precision table
+        rows, g = _touched(gradient, dtype)
+        return self._sparse_step(variable, rows, g, tf.cast(learning_rate, dtype))
 
     def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         raise NotImplementedError

@@ -16,8 +16,10 @@ keys are row ids in ``[0, max_vocabulary_size_per_gpu)``, and any other key is a
 silent wrong row. Either way initial values are drawn per key (see `keyed_initial_values`).
 
 The table's eviction, admission and tracking options (``eviction_policy="lru"``, ``min_count=2``,
-``track_changes=True``... see `sok_tutorial.embedding.lifecycle`) and its own ``optimizer`` are
-keyword arguments of both layers, handed to the table.
+``track_changes=True``... see `sok_tutorial.embedding.lifecycle`), its precision
+(``storage_dtype="bfloat16"``, ``stochastic_rounding``, ``slot_dtype``: see
+`sok_tutorial.embedding.precision`) and its own ``optimizer`` are keyword arguments of both
+layers, handed to the table.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.embedding import lifecycle
+from sok_tutorial.embedding import lifecycle, precision
 from sok_tutorial.embedding.combiners import (
     COMBINERS,
     SEQUENCE_OUTPUTS,
@@ -49,7 +51,8 @@ class _EmbeddingBase(keras.layers.Layer):
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
                  sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None,
                  optimizer: Any = None, **kwargs: Any):
-        self.table_options = {name: kwargs.pop(name) for name in lifecycle.OPTIONS if name in kwargs}
+        self.table_options = {name: kwargs.pop(name) for name in (*lifecycle.OPTIONS, *precision.OPTIONS)
+                              if name in kwargs}
         super().__init__(**kwargs)
         self.table_optimizer = optimizer
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sok_tutorial.embedding.precision import widen
+
 try:  # whether any gradient tape is recording (TensorFlow has no public call for it)
     from tensorflow.python.eager.record import could_possibly_record as _recording
 except ImportError:  # older TensorFlow kept it in tape.py
@@ -88,7 +90,8 @@ def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
 
 
 def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
-    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`.
+    """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`. Rows stored in
+    float16 or bfloat16 come out in float32, and their gradient is float32.
 
     The rows are read by an ordinary gather (which makes gradient tapes watch the variable) whose
     own gradient is stopped; an identity that takes the variable's handle as an input gives the
@@ -98,11 +101,11 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
     it is the plain gather.
     """
     if not _recording():
-        return tf.gather(variable, rows)
+        return widen(tf.gather(variable, rows))
     try:
         handle = variable.handle
     except ValueError:
-        return tf.gather(variable, rows)
+        return widen(tf.gather(variable, rows))
 
     @tf.custom_gradient
     def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
@@ -110,4 +113,4 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
             shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
             return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
         return tf.identity(values), grad
-    return attach(handle, tf.stop_gradient(tf.gather(variable, rows)))
+    return attach(handle, widen(tf.stop_gradient(tf.gather(variable, rows))))

@@ -57,6 +57,7 @@ import tensorflow as tf
 from kernels import checks
 from sok_tutorial.embedding.initializers import KeyedInitializer
 from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components
+from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.table import EmbeddingTable
 
 SHARDINGS = ("replicated", "row", "table")
@@ -180,7 +181,7 @@ class ShardedTable(EmbeddingTable):
         if not self.indexed:  # static rows: row j of shard r is key j * N + r
             rows = np.arange(self.capacity, dtype=np.int64)
             for shard, component in zip(self.local_shards, local_components(self.variable)):
-                component.assign(self.initial_values(rows * self.num_shards + shard))
+                component.assign(tf.cast(self.initial_values(rows * self.num_shards + shard), component.dtype))
 
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
         if self.sharding == "row":
@@ -208,7 +209,7 @@ class ShardedTable(EmbeddingTable):
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
-            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
+            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), compute_dtype(self.variable.dtype))
         flat = tf.reshape(keys, [-1])
         if not self.dynamic:
             flat = self._check_range(flat, self.capacity * self.num_shards)
@@ -278,7 +279,7 @@ class ShardedTable(EmbeddingTable):
             raise RuntimeError(f"{self.name}: this process holds {len(self.local_shards)} of {self.num_shards} "
                                "shards; call the layer inside strategy.run")
         owners = self.owner_of(keys, slots)
-        out = tf.zeros([tf.size(keys), self.dim], self.variable.dtype)
+        out = tf.zeros([tf.size(keys), self.dim], compute_dtype(self.variable.dtype))
         for component, shard in enumerate(self.local_shards):
             where = tf.where(tf.equal(owners, shard))
             shard_slots = None if slots is None else tf.gather_nd(slots, where)
@@ -354,5 +355,5 @@ def replica_bytes(tables: Sequence[Any], optimizer: Any = None) -> int:
     for item in tables:
         table = getattr(item, "table", item)
         for v in (*table.variables, *table.optimizer_slots(optimizer)):
-            out += int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+            out += int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
     return out

@@ -51,6 +51,7 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
+from sok_tutorial.embedding.precision import Precision, compute_dtype, widen
 
 _OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
 
@@ -92,6 +93,10 @@ class EmbeddingTable(keras.layers.Layer):
             of ``sketch_depth x sketch_width``); before, it embeds to zeros. ``admit_probability``:
             admit a new key with this probability.
         track_changes: remember which rows changed and when, for delta exports (on with a policy).
+        storage_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: the type rows are stored in
+            (lookups and updates compute in float32); ``stochastic_rounding``: round updates to it
+            stochastically instead of to nearest; ``slot_dtype``: the optimizer slots' type,
+            ``"float32"`` or ``"storage"`` (the table's). See `sok_tutorial.embedding.precision`.
     """
 
     def __init__(self, capacity: int, dim: int, *, dynamic: bool = True, initializer: Any = "random_uniform",
@@ -99,8 +104,10 @@ class EmbeddingTable(keras.layers.Layer):
                  ttl_seconds: float | None = None, lfu_decay: float = 0.5, evict_fraction: float = 1 / 16,
                  min_count: int = 1, admit_probability: float = 1.0, sketch_depth: int = 4,
                  sketch_width: int | None = None, track_changes: bool = False, eviction_log: int | None = None,
+                 storage_dtype: str = "float32", stochastic_rounding: bool = False, slot_dtype: str = "float32",
                  **kwargs: Any):
         super().__init__(**kwargs)
+        self.precision = Precision.create(self.name, storage_dtype, stochastic_rounding, slot_dtype)
         self.optimizer = optimizer
         self.capacity = checks.positive_int("capacity", capacity)
         self.dim = checks.positive_int("dim", dim)
@@ -123,7 +130,8 @@ class EmbeddingTable(keras.layers.Layer):
         if self.built:
             return
         self.variable = self.add_weight(name="embedding_variable", shape=(self.capacity, self.dim), autocast=False,
-                                        initializer=self._initializer(), trainable=True)
+                                        initializer=self._initializer(), trainable=True,
+                                        dtype=self.precision.storage)
         if self.indexed:
             slots, capacity = key_index.num_slots(self.capacity), self.capacity
             self._slot_rows = self.add_weight(name="slot_rows", shape=(slots,), dtype="int64", trainable=False,
@@ -242,7 +250,8 @@ class EmbeddingTable(keras.layers.Layer):
         else:
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
-        variable.scatter_update(tf.IndexedSlices(keyed_initial_values_tf(new_keys, self.dim, self.init), new_rows))
+        initial = tf.cast(keyed_initial_values_tf(new_keys, self.dim, self.init), variable.dtype)  # to nearest
+        variable.scatter_update(tf.IndexedSlices(initial, new_rows))
         return rows, found
 
     def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
@@ -252,7 +261,7 @@ class EmbeddingTable(keras.layers.Layer):
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
-            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), self.variable.dtype)
+            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), compute_dtype(self.variable.dtype))
         unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
         insert = inserting(training)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
@@ -290,7 +299,7 @@ class EmbeddingTable(keras.layers.Layer):
         return tf.gather(index.row_keys, rows).numpy(), rows
 
     def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
-        return [tf.gather(local_components(v)[component], rows).numpy() for v in variables]
+        return [widen(tf.gather(local_components(v)[component], rows)).numpy() for v in variables]  # float32
 
     def export(self, optimizer: Any = None, since: int | None = None) -> dict[str, np.ndarray]:
         """Every row in use by key: ``keys``, ``vectors`` and ``slot_<j>`` (each variable of
@@ -329,7 +338,8 @@ class EmbeddingTable(keras.layers.Layer):
         values = []
         for name, variable in zip(names, variables):
             want = (len(keys), *variable.shape[1:])
-            value = np.asarray(arrays[name]) if name in arrays else np.zeros(want, variable.dtype)
+            value = np.asarray(arrays[name]) if name in arrays else \
+                np.zeros(want, compute_dtype(variable.dtype).as_numpy_dtype)
             if value.shape != want:
                 raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (rows of "
                                  f"{variable.path})")
@@ -390,7 +400,7 @@ class EmbeddingTable(keras.layers.Layer):
         if found is not None and not bool(tf.reduce_all(found)):
             raise KeyError(f"{self.name}: {int(tf.reduce_sum(1 - tf.cast(found, tf.int32)))} keys have no row")
         variables = [self.variable, *self.optimizer_slots(optimizer)]
-        values = [tf.gather(v.value, rows).numpy() for v in variables]
+        values = [widen(tf.gather(v.value, rows)).numpy() for v in variables]
         return dict(zip(["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)], values))
 
     def write(self, keys: Any, arrays: dict[str, Any], optimizer: Any = None) -> None:
@@ -398,9 +408,9 @@ class EmbeddingTable(keras.layers.Layer):
         keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
         rows = self.rows(tf.constant(keys), insert=True, admission=False)[0]
         for variable, value in zip(variables, values):
-            variable.value.scatter_update(tf.IndexedSlices(tf.constant(value, variable.dtype), rows))
+            variable.value.scatter_update(tf.IndexedSlices(tf.cast(tf.constant(value), variable.dtype), rows))
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), **self.lifecycle.config(), "capacity": self.capacity, "dim": self.dim,
-                "dynamic": self.dynamic,
+        return {**super().get_config(), **self.lifecycle.config(), **self.precision.config(),
+                "capacity": self.capacity, "dim": self.dim, "dynamic": self.dynamic,
                 "initializer": {"class_name": "KeyedInitializer", "config": self._initializer().get_config()}}

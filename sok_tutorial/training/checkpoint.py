@@ -130,7 +130,8 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
             table_entries.append({"layer": _relative(model, table.path), "rows": table.capacity * table.num_shards,
                                   "dim": table.dim, "keys": int(keys), "dynamic": table.dynamic,
                                   "sharding": getattr(table, "sharding", "replicated"), "shards": table.num_shards,
-                                  "files": len(parts), "slots": [s.name for s in slots]})
+                                  "files": len(parts), "slots": [s.name for s in slots],
+                                  "storage_dtype": table.precision.storage})  # rows saved in float32 (exact)
         dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model, tables)}
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
