@@ -1,6 +1,7 @@
 """Embedding tables (`EmbeddingTable`, the unit; `ShardedTable` over replicas), the Keras layers
 with SOK's API on top of them, their memory-saving variants (`QREmbedding`,
-`MixedDimensionEmbedding`), and grouped lookups."""
+`MixedDimensionEmbedding`), grouped lookups, and `plan`, which places every table within a
+per-replica memory budget."""
 from sok_tutorial.embedding.compositional import QREmbedding
 from sok_tutorial.embedding.index import VocabularyExhausted
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values
@@ -8,6 +9,7 @@ from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbe
 from sok_tutorial.embedding.lookup import group_embedding_lookup_sparse
 from sok_tutorial.embedding.mixed_dimension import MixedDimensionEmbedding, frequency_order, mixed_dimensions
 from sok_tutorial.embedding.ops import UniqueRowsGradient
+from sok_tutorial.embedding.planner import Plan, PlanError, TableSpec, plan
 from sok_tutorial.embedding.sharding import (
            ShardedTable,
            exchange_bytes,
@@ -19,7 +21,7 @@ from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
-           "MixedDimensionEmbedding", "OptimizerScope", "QREmbedding", "ShardedTable", "UniqueRowsGradient",
+           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError", "QREmbedding", "ShardedTable", "TableSpec", "UniqueRowsGradient",
            "VocabularyExhausted", "exchange_bytes", "frequency_order", "group_embedding_lookup_sparse",
-           "keyed_initial_values", "mixed_dimensions", "plan_table_wise", "replica_bytes", "rows_per_replica",
+           "keyed_initial_values", "mixed_dimensions", "plan", "plan_table_wise", "replica_bytes", "rows_per_replica",
            "split_embedding_variable_from_others", "table_of", "tables_of"]

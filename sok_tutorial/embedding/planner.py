@@ -1,0 +1,257 @@
+"""`plan`: a placement for every embedding table that fits a per-replica memory budget at the
+lowest estimated step cost, from a written cost model (TorchRec's ``EmbeddingShardingPlanner``,
+for this library's layers).
+
+A table is described by a `TableSpec` (rows, width, ids a sample looks up, optimizer, dynamic or
+not). For each table the planner prices every placement it may take:
+
+* ``sharding``: ``"replicated"`` (a copy per replica), ``"row"`` (key ``k`` on replica
+  ``k mod N``), ``"table"`` (the layer's slots placed whole, `plan_table_wise`), and
+  ``"column"`` where the layers offer it (every row on every replica, a slice of the width);
+* ``storage_dtype``: ``"float32"`` and, when allowed, ``"bfloat16"`` / ``"float16"``
+  (`sok_tutorial.embedding.precision`; optimizer slots stay float32).
+
+The cost model, per replica and training step, with N replicas and K = ids per replica per step
+(global batch / N x ids per sample):
+
+* **bytes held**: exactly the variables the layer creates (`replica_bytes` measures the same):
+  rows x width x the storage type, the optimizer's slots (Adam 2 floats per element, Adagrad and
+  FTRL 1 or 2, row-wise Adagrad 1 per row), and for an indexed table its key index
+  (``index.num_slots(rows)`` + rows int64s, plus a slot id per row table-wise);
+* **bytes exchanged**: `sharding.exchange_bytes`, counted from the collectives the layers issue;
+* **bytes touched**: the rows a replica gathers and updates (read and write of the row and its
+  slots): K rows for row- and table-wise shards, N x K for a replicated table (it applies the
+  all-reduced gradient of the whole batch) and for column slices, at most the rows it holds;
+* **step cost** = exchanged / ``link_gbps`` + touched / ``memory_gbps``.
+
+Placement: every table starts from its placements in order of preference (float32 before a
+16-bit type, then lowest cost); the largest tables are placed first, each taking the first
+placement that leaves room for the others' smallest. If even the smallest placements of all
+tables exceed the budget, `PlanError` says by how much, table by table.
+
+Example:
+    >>> tables = [TableSpec("items", rows=2_000_000, dim=64), TableSpec("users", rows=100_000, dim=64),
+    ...           TableSpec("genres", rows=20, dim=16, ids_per_sample=3)]
+    >>> p = plan(tables, num_replicas=4, memory_per_replica=512 << 20, global_batch=8192)
+    >>> [(t.name, t.sharding, t.storage_dtype) for t in p]
+    [('items', 'row', 'float32'), ('users', 'row', 'float32'), ('genres', 'replicated', 'float32')]
+    >>> print(str(p).splitlines()[2])
+    items            row        float32        500,000       366.21     3168.0    0.161
+    >>> p["items"].layer_kwargs()
+    {'max_vocabulary_size_per_gpu': 500000, 'sharding': 'row', 'storage_dtype': 'float32'}
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernels import checks
+from sok_tutorial.embedding.index import num_slots
+from sok_tutorial.embedding.sharding import SHARDINGS, exchange_bytes, plan_table_wise
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 0), "adagrad": (1, 0), "ftrl": (2, 0),
+               "rowwise_adagrad": (0, 1)}  # (floats per element, floats per row)
+
+
+class PlanError(ValueError):
+    """No placement of the tables fits the memory budget; the message says by how much, per table."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding layer's table, as the planner sees it.
+
+    Args:
+        name: the layer's name.
+        rows: rows of the whole table (its vocabulary).
+        dim: vector width.
+        ids_per_sample: ids a sample looks up in it (slots x ids per slot).
+        optimizer: ``"sgd"``, ``"adam"``, ``"lazyadam"``, ``"adagrad"``, ``"rowwise_adagrad"``, ``"ftrl"``.
+        dynamic: keys are any int64 (a key index per replica) rather than row ids.
+        slot_sizes: rows of each slot, for table-wise placement (one slot of `rows` if None).
+    """
+
+    name: str
+    rows: int
+    dim: int
+    ids_per_sample: float = 1.0
+    optimizer: str = "adam"
+    dynamic: bool = False
+    slot_sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        checks.positive_int(f"{self.name}: rows", self.rows)
+        checks.positive_int(f"{self.name}: dim", self.dim)
+        checks.one_of(f"{self.name}: optimizer", self.optimizer, tuple(SLOT_FLOATS))
+        if not self.ids_per_sample > 0:
+            raise ValueError(f"{self.name}: ids_per_sample={self.ids_per_sample!r}, expected a number > 0")
+
+
+@dataclass
+class Placement:
+    """Where one table goes, and what the cost model says it costs on each replica."""
+
+    name: str
+    sharding: str
+    storage_dtype: str
+    rows_per_replica: int  # the layer's max_vocabulary_size_per_gpu
+    width_per_replica: int
+    bytes_per_replica: int
+    exchange_bytes: int  # received per replica and step
+    touched_bytes: int  # read and written per replica and step
+    seconds: float = field(default=0.0)  # estimated step cost
+
+    def layer_kwargs(self) -> dict[str, Any]:
+        """Arguments for the table's layer (`DistributedEmbedding` and the other SOK layers)."""
+        return {"max_vocabulary_size_per_gpu": self.rows_per_replica, "sharding": self.sharding,
+                "storage_dtype": self.storage_dtype}
+
+
+class Plan:
+    """The placements of `plan`, by table name; ``str(plan)`` is the dry run's table."""
+
+    def __init__(self, placements: list[Placement], num_replicas: int, budget: int):
+        self.placements, self.num_replicas, self.budget = placements, num_replicas, budget
+
+    def __iter__(self) -> Iterator[Placement]:
+        return iter(self.placements)
+
+    def __getitem__(self, name: str) -> Placement:
+        for p in self.placements:
+            if p.name == name:
+                return p
+        raise KeyError(f"no table named {name!r} in the plan: {[p.name for p in self.placements]}")
+
+    @property
+    def bytes_per_replica(self) -> int:
+        return sum(p.bytes_per_replica for p in self.placements)
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.placements)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per table (for a DataFrame or a report)."""
+        return [{"table": p.name, "placement": p.sharding, "dtype": p.storage_dtype,
+                 "rows/replica": p.rows_per_replica, "width/replica": p.width_per_replica,
+                 "MiB/replica": p.bytes_per_replica / 2**20, "exchanged KiB/step": p.exchange_bytes / 2**10,
+                 "est. ms/step": 1e3 * p.seconds} for p in self.placements]
+
+    def __str__(self) -> str:
+        head = f"{'table':16s} {'placement':10s} {'dtype':8s} {'rows/replica':>13s} {'MiB/replica':>12s} " \
+               f"{'KiB/step':>10s} {'ms/step':>8s}"
+        lines = [head, "-" * len(head)]
+        for r in self.rows():
+            lines.append(f"{r['table'][:16]:16s} {r['placement']:10s} {r['dtype']:8s} {r['rows/replica']:>13,} "
+                         f"{r['MiB/replica']:>12.2f} {r['exchanged KiB/step']:>10.1f} {r['est. ms/step']:>8.3f}")
+        lines.append(f"{'total':16s} {'':10s} {'':8s} {'':>13s} {self.bytes_per_replica / 2**20:>12.2f} "
+                     f"{sum(p.exchange_bytes for p in self) / 2**10:>10.1f} {1e3 * self.seconds:>8.3f}"
+                     f"   (budget {self.budget / 2**20:,.2f} MiB per replica, {self.num_replicas} replicas)")
+        return "\n".join(lines)
+
+
+def column_slices(dim: int, num_replicas: int) -> list[int]:
+    """Widths of the column slices of a `dim`-wide table over `num_replicas` (differ by at most 1).
+
+    Example:
+        >>> column_slices(10, 4)
+        [3, 3, 2, 2]
+    """
+    if dim < num_replicas:
+        raise ValueError(f"dim={dim} is narrower than num_replicas={num_replicas}: a column slice would be empty")
+    return [dim // num_replicas + (1 if r < dim % num_replicas else 0) for r in range(num_replicas)]
+
+
+def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: bool, table_wise: bool = False) -> int:
+    """Bytes of the variables a table of `rows` x `width` creates on one replica (with its slots)."""
+    per_element, per_row = SLOT_FLOATS[optimizer]
+    out = rows * width * (DTYPE_BYTES[dtype] + 4 * per_element) + rows * 4 * per_row
+    if indexed:  # slot_rows, row_keys, size
+        out += num_slots(rows) * 8 + rows * 8 + 8
+    if table_wise:  # row_slots
+        out += rows * 8
+    return out
+
+
+def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_batch: int, *,
+          link_gbps: float = 25.0, memory_gbps: float = 100.0) -> Placement:
+    """The cost model's figures for one table in one placement."""
+    n = num_replicas
+    keys = max(1, round(global_batch / n * spec.ids_per_sample))
+    per_element, per_row = SLOT_FLOATS[spec.optimizer]
+    if n == 1:
+        sharding = "replicated"
+    rows, width, touched_rows = spec.rows, spec.dim, n * keys
+    indexed, table_wise = spec.dynamic, False
+    if sharding == "row":
+        rows, touched_rows = math.ceil(spec.rows / n), keys
+    elif sharding == "table":
+        _, load = plan_table_wise(list(spec.slot_sizes or (spec.rows,)), n)
+        rows, touched_rows, indexed, table_wise = max(load), keys, True, True
+    elif sharding == "column":
+        width = column_slices(spec.dim, n)[0]
+    touched_rows = min(touched_rows, rows)  # a step updates each distinct row once
+    held = table_bytes(rows, width, dtype, spec.optimizer, indexed=indexed, table_wise=table_wise)
+    moved = exchange_bytes(sharding, n, keys, spec.dim) if n > 1 else 0
+    touched = touched_rows * 2 * (width * (DTYPE_BYTES[dtype] + 4 * per_element) + 4 * per_row)
+    seconds = moved / (link_gbps * 1e9) + touched / (memory_gbps * 1e9)
+    return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds)
+
+
+def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int, *, global_batch: int,
+         shardings: Sequence[str] | None = None, dtypes: Sequence[str] = ("float32",), link_gbps: float = 25.0,
+         memory_gbps: float = 100.0) -> Plan:
+    """Place every table so that each replica holds at most `memory_per_replica` bytes of tables
+    and optimizer state, at the lowest estimated step cost (module docstring).
+
+    Args:
+        tables: `TableSpec` per embedding layer (names must differ).
+        num_replicas: replicas of the strategy the layers will be built under.
+        memory_per_replica: bytes each replica may give to embedding tables.
+        global_batch: samples per step over all replicas.
+        shardings: placements allowed (default: every one the layers offer, `SHARDINGS`).
+        dtypes: storage types allowed, in order of preference (``("float32", "bfloat16")`` lets
+            the planner halve a table that would not fit otherwise).
+        link_gbps, memory_gbps: bandwidths of the cost model, GB/s.
+    """
+    n = checks.positive_int("num_replicas", num_replicas)
+    budget = checks.positive_int("memory_per_replica", memory_per_replica)
+    checks.positive_int("global_batch", global_batch)
+    allowed = list(SHARDINGS if shardings is None else shardings)
+    for s in allowed:
+        checks.one_of("shardings", s, SHARDINGS)
+    for d in dtypes:
+        checks.one_of("dtypes", d, tuple(DTYPE_BYTES))
+    names = [t.name for t in tables]
+    if not tables or len(set(names)) != len(names):
+        raise ValueError(f"tables: expected at least one table, with distinct names; got {names}")
+    options = {}
+    for spec in tables:
+        found = []
+        for sharding in allowed:
+            if (sharding == "column" and spec.dim < n) or (sharding == "row" and spec.rows < n):
+                continue
+            for rank, dtype in enumerate(dtypes):
+                p = price(spec, sharding, dtype, n, global_batch, link_gbps=link_gbps, memory_gbps=memory_gbps)
+                found.append((rank, p.seconds, p.bytes_per_replica, p))
+        options[spec.name] = [p for *_, p in sorted(found, key=lambda f: f[:3])]
+    smallest = {name: min(opts, key=lambda p: p.bytes_per_replica) for name, opts in options.items()}
+    need = sum(p.bytes_per_replica for p in smallest.values())
+    if need > budget:
+        worst = sorted(smallest.values(), key=lambda p: -p.bytes_per_replica)
+        raise PlanError(
+            f"memory_per_replica={budget:,} bytes ({budget / 2**20:,.1f} MiB) is too small for these tables on {n} "
+            f"replica(s): their smallest placements need {need:,} bytes, {need - budget:,} more. Per table, at "
+            "best: " + "; ".join(f"{p.name} {p.bytes_per_replica:,} bytes ({p.sharding}, {p.storage_dtype})"
+                                 for p in worst)
+            + ". Allow more replicas, a 16-bit dtype (dtypes=...) or other shardings, or shrink the tables.")
+    chosen, used = {}, 0
+    order = sorted(tables, key=lambda t: -smallest[t.name].bytes_per_replica)
+    for i, spec in enumerate(order):
+        rest = sum(smallest[t.name].bytes_per_replica for t in order[i + 1:])
+        pick = next(p for p in options[spec.name] if used + p.bytes_per_replica + rest <= budget)
+        chosen[spec.name], used = pick, used + pick.bytes_per_replica
+    return Plan([chosen[t.name] for t in tables], n, budget)

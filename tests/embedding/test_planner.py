@@ -1,0 +1,95 @@
+"""The planner's bytes are the bytes the layers create; its plans fit the budget, prefer float32,
+and a budget nothing fits is refused with the figures per table."""
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import sok_tutorial as sok  # noqa: E402
+from sok_tutorial.embedding import DistributedEmbedding  # noqa: E402
+from sok_tutorial.embedding.planner import PlanError, TableSpec, plan, price  # noqa: E402
+from sok_tutorial.embedding.sharding import replica_bytes  # noqa: E402
+
+OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "sgd": lambda: sok.optimizers.SGD(0.1),
+              "rowwise_adagrad": lambda: sok.optimizers.RowWiseAdagrad(0.1)}
+
+
+@pytest.mark.parametrize("sharding,dtype,optimizer,dynamic", [
+    ("replicated", "float32", "adam", False),
+    ("replicated", "bfloat16", "sgd", True),
+    ("row", "float32", "adam", True),
+    ("row", "bfloat16", "adam", False),
+    ("table", "float32", "sgd", False),
+    ("table", "float16", "rowwise_adagrad", True),
+])
+def test_estimated_bytes_are_the_bytes_a_built_layer_holds_per_replica(strategy_of, sharding, dtype, optimizer,
+                                                                        dynamic):
+    n, slot_sizes = 2, (700, 300, 250, 50)
+    spec = TableSpec("t", rows=sum(slot_sizes), dim=12, ids_per_sample=4, optimizer=optimizer, dynamic=dynamic,
+                     slot_sizes=slot_sizes)
+    placement = price(spec, sharding, dtype, n, global_batch=64)
+    with strategy_of(n).scope():
+        layer = DistributedEmbedding("sum", embedding_vec_size=12, slot_num=len(slot_sizes), max_nnz=1,
+                                     use_hashtable=dynamic, slot_sizes=list(slot_sizes), name="t",
+                                     **placement.layer_kwargs())
+        layer.build()
+        opt = OPTIMIZERS[optimizer]()
+        opt.build(layer.trainable_variables)
+    assert layer.num_shards == (1 if sharding == "replicated" else n)
+    assert replica_bytes([layer], opt) == placement.bytes_per_replica
+
+
+def _tables():
+    return [TableSpec("items", rows=400_000, dim=32), TableSpec("users", rows=50_000, dim=32),
+            TableSpec("genres", rows=20, dim=8, ids_per_sample=3)]
+
+
+def test_a_roomy_budget_replicates_small_tables_and_every_plan_fits():
+    roomy = plan(_tables(), num_replicas=4, memory_per_replica=1 << 30, global_batch=4096)
+    assert roomy["genres"].sharding == "replicated"
+    for budget in (1 << 30, 128 << 20, 48 << 20):
+        p = plan(_tables(), 4, budget, global_batch=4096, dtypes=("float32", "bfloat16"))
+        assert p.bytes_per_replica <= budget
+    tight = plan(_tables(), 4, 48 << 20, global_batch=4096, dtypes=("float32", "bfloat16"))
+    assert tight["items"].sharding != "replicated" and tight["genres"].storage_dtype == "float32"
+
+
+def test_bfloat16_only_when_float32_cannot_fit():
+    float32_only = plan(_tables(), 4, 128 << 20, global_batch=4096)
+    assert {p.storage_dtype for p in float32_only} == {"float32"}
+    smallest_float32 = sum(min(price(t, s, "float32", 4, 4096).bytes_per_replica for s in ("row", "table"))
+                           for t in _tables())
+    squeezed = plan(_tables(), 4, smallest_float32 - 1, global_batch=4096, dtypes=("float32", "bfloat16"))
+    assert "bfloat16" in {p.storage_dtype for p in squeezed} and squeezed.bytes_per_replica < smallest_float32
+
+
+def test_the_dry_run_prints_a_row_per_table_and_the_total():
+    text = str(plan(_tables(), 2, 1 << 30, global_batch=1024))
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["table", "placement", "dtype"] and len(lines) == 2 + 3 + 1
+    assert [line.split()[0] for line in lines[2:5]] == ["items", "users", "genres"]
+    assert "budget 1,024.00 MiB per replica, 2 replicas" in lines[-1]
+
+
+def test_a_budget_nothing_fits_says_by_how_much_per_table():
+    with pytest.raises(PlanError) as info:
+        plan(_tables(), 2, 10 << 20, global_batch=1024)
+    message = str(info.value)
+    assert "memory_per_replica=10,485,760 bytes" in message and "more" in message
+    for name in ("items", "users", "genres"):
+        assert f"{name} " in message
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: TableSpec("x", rows=0, dim=4), r"x: rows=0"),
+    (lambda: TableSpec("x", rows=10, dim=4, optimizer="rmsprop"), r"x: optimizer='rmsprop' is invalid"),
+    (lambda: TableSpec("x", rows=10, dim=4, ids_per_sample=0), r"x: ids_per_sample=0"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, dtypes=("int8",)), r"dtypes='int8' is invalid"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, shardings=("diagonal",)), r"shardings='diagonal'"),
+    (lambda: plan(_tables() + _tables()[:1], 2, 1 << 30, global_batch=64), r"distinct names"),
+    (lambda: plan(_tables(), 0, 1 << 30, global_batch=64), r"num_replicas=0"),
+])
+def test_bad_input_is_refused_naming_the_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
