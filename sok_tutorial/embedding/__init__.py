@@ -21,7 +21,8 @@ from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
 __all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
-           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError", "QREmbedding", "ShardedTable", "TableSpec", "UniqueRowsGradient",
-           "VocabularyExhausted", "exchange_bytes", "frequency_order", "group_embedding_lookup_sparse",
-           "keyed_initial_values", "mixed_dimensions", "plan", "plan_table_wise", "replica_bytes", "rows_per_replica",
-           "split_embedding_variable_from_others", "table_of", "tables_of"]
+           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError", "QREmbedding", "ShardedTable",
+           "TableSpec", "UniqueRowsGradient", "VocabularyExhausted", "exchange_bytes", "frequency_order",
+           "group_embedding_lookup_sparse", "keyed_initial_values", "mixed_dimensions", "plan",
+           "plan_table_wise", "replica_bytes", "rows_per_replica", "split_embedding_variable_from_others",
+           "table_of", "tables_of"]
