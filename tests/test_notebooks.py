@@ -128,6 +128,16 @@ def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert all(d < f for d, f in zip(m["delta_bytes"], m["full_export_bytes"]))
 
 
+def check_09(m: dict[str, Any], p: dict[str, Any]) -> None:
+    assert m["plan_bytes_per_replica"] <= m["budget_bytes"] < m["replicated_bytes"]  # the plan fits; replicas would not
+    assert m["measured_bytes_per_replica"] == m["plan_bytes_per_replica"] and m["estimate_max_relative_error"] < 0.1
+    assert set(m["placements"].values()) >= {"row", "replicated"} and m["num_replicas"] == p["NUM_REPLICAS"]
+    auc, held = m["auc"], m["bytes_per_replica"]
+    assert abs(auc["bfloat16"] - auc["float32"]) < 0.005  # 16-bit rows train like float32 ones
+    assert all(0.6 < a <= m["oracle_auc"] + 0.02 for a in auc.values())
+    assert held["bfloat16"] < held["float32"] and max(held["qr"], held["mixed"]) < m["budget_bytes"]
+
+
 SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "01-synthetic-data-and-parquet": (
         {"CRITEO_ROWS": 60_000, "CRITEO_SCALE": 0.001, "CRITEO_TSV_ROWS": 9_000, "CRITEO_TSV_FILES": 3,
@@ -171,6 +181,11 @@ SMOKE: dict[str, tuple[dict[str, Any], Callable[[dict, dict], None]]] = {
     "08-online-training-tables-that-forget": (
         {"DAYS": 4, "ROWS_PER_DAY": 8000, "POPULATION": 3000, "ITEM_DRIFT": 750, "USER_DRIFT": 250, "PROGRESS": False},
         check_08,
+    ),
+    "09-fitting-tables-in-memory": (
+        {"ROWS": 24_000, "VALID_ROWS": 8192, "CRITEO_SCALE": 0.002, "EMBEDDING_DIM": 16, "BATCH_SIZE": 1024,
+         "NUM_REPLICAS": 2, "BUDGET_FRACTION": 0.6, "PROGRESS": False},
+        check_09,
     ),
 }
 

@@ -350,10 +350,18 @@ class ShardedTable(EmbeddingTable):
 
 def replica_bytes(tables: Sequence[Any], optimizer: Any = None) -> int:
     """Bytes one replica stores for `tables` (or the layers holding them): each table's variables
-    (rows, and the key index of a dynamic table) and its optimizer slots."""
+    (rows, and the key index of a dynamic table) and its optimizer slots; for a layer of several
+    tables (`QREmbedding`, `MixedDimensionEmbedding`), all of them and its projections' kernels
+    with their slots."""
     out = 0
     for item in tables:
-        table = getattr(item, "table", item)
-        for v in (*table.variables, *table.optimizer_slots(optimizer)):
-            out += int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+        owned = getattr(item, "tables", None)
+        for table in owned if owned is not None else [getattr(item, "table", item)]:
+            for v in (*table.variables, *table.optimizer_slots(optimizer)):
+                out += int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size
+        for kernel in (p.kernel for p in getattr(item, "projections", ())):
+            prefix = kernel.path.replace("/", "_") + "_"  # Keras names slots "<variable path>_<slot>"
+            slots = [v for v in getattr(optimizer, "variables", []) if v.name.startswith(prefix)] \
+                if getattr(optimizer, "built", False) else []
+            out += sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in (kernel, *slots))
     return out

@@ -286,3 +286,16 @@ def test_config_round_trip(make):
     layer.build(), again.build()
     for a, b in zip(again.tables, layer.tables):  # key-seeded tables: the same rows (projections are Glorot draws)
         np.testing.assert_array_equal(a.variable.numpy(), b.variable.numpy())
+
+
+def test_replica_bytes_counts_every_table_and_projection_of_a_composed_layer_with_adam_slots():
+    import sok_tutorial as sok
+    from sok_tutorial.embedding.sharding import replica_bytes
+
+    for layer in (QREmbedding("sum", 1000, 8, num_collisions=4, name="qr_bytes"),
+                  MixedDimensionEmbedding("sum", [10, 90, 900], 8, block_dims=[8, 4, 2], name="md_bytes")):
+        layer.build()
+        optimizer = sok.optimizers.Adam(0.01)
+        optimizer.build(layer.trainable_variables)
+        assert replica_bytes([layer]) == layer.bytes  # no optimizer: the weights alone
+        assert replica_bytes([layer], optimizer) == 3 * layer.bytes  # Adam: two float32 slots per weight
