@@ -9,8 +9,9 @@ Per epoch:
 2. the concatenated rows of that order are cut into ``global_size`` contiguous ranges; rank
    ``r`` reads range ``r`` only, so ranks see disjoint rows whose union is the dataset;
 3. the rank's row groups are read ``parts_per_chunk`` at a time (at most ``buffer_size`` rows),
-   transformed, and their rows permuted in memory;
-4. batches are cut from consecutive chunks; only the epoch's last batch can be partial.
+   transformed, and each such chunk's row order permuted (an index, seeded);
+4. batches are cut from consecutive chunks, each gathering its rows once into its own buffers;
+   only the epoch's last batch can be partial.
 
 Reading (decode, checks, transforms) runs in one thread and shuffling/batching in another, so
 on two cores the two halves overlap, and both overlap the training step.
