@@ -13,9 +13,15 @@ Cases (rows/s and peak RSS, each in its own process, interleaved over --repeat r
 and the training-side view: steps/s of a small Keras model fed by the loader vs fed from tensors
 already in memory (train_loader, train_memory).
 
+The ``small_files`` workload is merlin-dataloader's own (../shared/peers/): 1M Criteo-like rows
+without nulls in 4 files of 4 row groups (62,500 rows, smaller than a batch), 3 epochs in one
+process, the median epoch reported; ``small_files/raw_decode`` reads the same files with
+pq.read_table, ``small_files/parquet_loader`` shuffles, ``.../parquet_loader_noshuffle`` does not.
+
 Every case also reports the CPU seconds it used per wall second (``cores_busy``), and a
-``profile`` child times the loader's stages one after another on one thread (decode, concat,
-shuffle gather, batch slicing + hand-over to TensorFlow): where an epoch's CPU time goes.
+``profile`` child times the loader's stages one after another on one thread, on each workload
+(pyarrow's own decode of the row groups, our conversion of them to checked NumPy columns, concat,
+the per-batch gather, the hand-over to TensorFlow): where an epoch's CPU time goes.
 
     python benchmarks/loader.py [--quick] [--rows N] [--batch-size B] [--out build/bench]
 """
@@ -38,6 +44,9 @@ from benchmarks import _bench  # noqa: E402
 CASES = ["raw_decode", "parquet_loader", "parquet_loader_noshuffle", "parquet_loader_hashbucket",
          "tfrecord_native", "pandas_from_tensor_slices"]
 TRAIN_CASES = ["train_loader", "train_memory"]
+SMALL_CASES = ["small_files/raw_decode", "small_files/parquet_loader", "small_files/parquet_loader_noshuffle"]
+SMALL_EPOCHS = 3
+PROFILES = ["profile/default", "profile/small_files"]
 SHUFFLE_BUFFER = 65_536
 
 
@@ -47,11 +56,63 @@ def prepare(data: Path, rows: int, native_rows: int) -> None:
 
     write_criteo_parquet(data / "criteo", rows, num_parts=2, reuse=True, overwrite=True, progress=False)
     write_criteo_parquet(data / "criteo-native", native_rows, reuse=True, overwrite=True, progress=False)
+    write_small_files(data / "small_files")
     marker = data / "tfrecords" / f".rows-{native_rows}"
     if not marker.is_file():
         write_tfrecords(data / "criteo-native", data / "tfrecords", label_names=["label"], cat_names=CAT_NAMES,
                         cont_names=CONT_NAMES, overwrite=True, progress=False)
         marker.touch()
+
+
+def write_small_files(out: Path, files: int = 4, rows: int = 250_000, row_group: int = 62_500) -> None:
+    """merlin-dataloader's workload: label int32, I1..I13 float32, C1..C26 int64 (skewed ids under
+    Criteo's cardinalities), no nulls, snappy; seeded, written once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data_gen.criteo import CAT_NAMES, CONT_NAMES, CRITEO_CARDINALITIES
+
+    marker = out / f".rows-{files * rows}-{row_group}"
+    if marker.is_file():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(2024)
+    for f in range(files):
+        table = {"label": (rng.random(rows) < 0.25).astype(np.int32)}
+        for i, name in enumerate(CONT_NAMES):
+            table[name] = np.log1p(rng.geometric(1 / (2 + 3 * i), rows) - 1).astype(np.float32)
+        for name, card in zip(CAT_NAMES, CRITEO_CARDINALITIES):
+            table[name] = np.minimum((card * rng.random(rows) ** 3).astype(np.int64), card - 1)
+        pq.write_table(pa.table(table), out / f"part{f}.parquet", row_group_size=row_group, compression="snappy")
+    marker.touch()
+
+
+def run_small(case: str, data: Path, batch: int) -> dict:
+    """One small_files case: SMALL_EPOCHS epochs in this process, the median epoch (rows, seconds)."""
+    import pyarrow.parquet as pq
+
+    from data_gen.criteo import CAT_NAMES, CONT_NAMES
+
+    files = sorted((data / "small_files").glob("*.parquet"))
+    kind = case.split("/", 1)[1]
+    if kind == "raw_decode":
+        def epoch() -> int:
+            return sum(pq.read_table(f, columns=["label", *CONT_NAMES, *CAT_NAMES]).num_rows for f in files)
+    else:
+        from sok_tutorial.data import ParquetLoader
+        loader = ParquetLoader(files, batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES,
+                               shuffle=kind == "parquet_loader")
+
+        def epoch() -> int:
+            return sum(int(labels.shape[0]) for _, labels in loader)
+    runs = []
+    for _ in range(SMALL_EPOCHS):
+        start, cpu = time.perf_counter(), time.process_time()
+        rows = epoch()
+        runs.append((time.perf_counter() - start, time.process_time() - cpu))
+    seconds, cpu_seconds = sorted(runs)[len(runs) // 2]  # the median epoch
+    return {"rows": rows, "seconds": seconds, "cpu_seconds": cpu_seconds}
 
 
 def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
@@ -113,40 +174,50 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
     return {"rows": rows, "seconds": seconds, "cpu_seconds": time.process_time() - cpu}
 
 
-def profile(data: Path, batch: int) -> dict:
-    """Seconds of each loader stage over one shuffled epoch, run serially on one thread.
+def profile(data: Path, batch: int, workload: str) -> dict:
+    """CPU seconds of each loader stage over one shuffled epoch, run serially on one thread.
 
-    The stages are the ones the loader's threads overlap: decode (pyarrow -> NumPy, per row group),
-    concat (row groups -> one chunk), shuffle (the permuting gather), batch (cut and hand each
-    batch to TensorFlow)."""
-    import numpy as np
-
+    The stages are the ones the loader's threads overlap: pyarrow (its own decode of each row
+    group), to_numpy (our conversion of the decoded table to checked NumPy columns: NaN filling,
+    label checks), concat (row groups -> one chunk), gather (each batch's rows, permuted, from the
+    chunks into its buffers), hand_over (to TensorFlow)."""
     from data_gen.criteo import CAT_NAMES, CONT_NAMES
     from sok_tutorial.data import ParquetLoader
     from sok_tutorial.data import columns as cols
 
-    it = ParquetLoader(data / "criteo", batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES, fill_nan=0.0)
+    source = sorted((data / "small_files").glob("*.parquet")) if workload == "small_files" else data / "criteo"
+    it = ParquetLoader(source, batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES, fill_nan=0.0)
     core = it.core
     list(core.iterate(it._to_tf, prefetch=1, epoch=0))  # warm-up: file cache, buffer pools
-    stages = {"decode": 0.0, "concat": 0.0, "shuffle": 0.0, "batch": 0.0}
-    rows = 0
-    for index, plan in enumerate(core.chunks(1)):
-        t0 = time.process_time()
-        parts = [core.read_segment(seg, core._read_pool) for seg in plan]
-        t1 = time.process_time()
-        chunk = cols.concat(parts, core._read_pool)
-        del parts
-        t2 = time.process_time()
-        perm = np.random.default_rng([core.seed, 1, core.global_rank, index]).permutation(cols.num_rows(chunk))
-        chunk = cols.take(chunk, perm, core._shuffle_pool)
-        t3 = time.process_time()
-        for start in range(0, cols.num_rows(chunk), batch):
-            features, labels = it._to_tf(core.finish(cols.slice_rows(chunk, start, start + batch)))
-            rows += int(labels.shape[0])
-        del features, labels, chunk
-        t4 = time.process_time()
-        for name, seconds in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-            stages[name] += seconds
+    stages = dict.fromkeys(["pyarrow", "to_numpy", "concat", "gather", "hand_over"], 0.0)
+
+    def clock(stage: str, fn, *args):
+        start = time.process_time()
+        out = fn(*args)
+        stages[stage] += time.process_time() - start
+        return out
+
+    def chunks():
+        for plan in core.chunks(1):
+            parts = []
+            for seg in plan:
+                clock("pyarrow", lambda s: core._handle(s.file).read_row_group(s.row_group, columns=core.names,
+                                                                                 use_threads=False), seg)
+                parts.append(clock("to_numpy", core.read_segment, seg, core._read_pool))  # decodes again
+            yield clock("concat", cols.concat, parts, core._read_pool)
+
+    rows, batches = 0, core.batches(chunks(), 1)
+    while True:
+        start = time.process_time()  # the gather, less the decoding the generator does on the way
+        inside = sum(stages.values())
+        batch_ = next(batches, None)
+        stages["gather"] += time.process_time() - start - (sum(stages.values()) - inside)
+        if batch_ is None:
+            break
+        _, labels = clock("hand_over", it._to_tf, core.finish(batch_))
+        rows += int(labels.shape[0])
+        del batch_, labels
+    stages["to_numpy"] -= stages["pyarrow"]  # read_segment's time includes pyarrow's decode
     return {"rows": rows, "stages": stages}
 
 
@@ -204,7 +275,12 @@ def peak_rss_mib() -> float:
 
 def child(argv: list[str]) -> None:
     case, data, batch, steps = argv[0], Path(argv[1]), int(argv[2]), int(argv[3])
-    result = profile(data, batch) if case == "profile" else run_case(case, data, batch, steps)
+    if case.startswith("profile/"):
+        result = profile(data, batch, case.split("/", 1)[1])
+    elif case.startswith("small_files/"):
+        result = run_small(case, data, batch)
+    else:
+        result = run_case(case, data, batch, steps)
     result["peak_rss_mib"] = peak_rss_mib()
     print("RESULT " + json.dumps(result))
 
@@ -222,57 +298,68 @@ def main() -> None:
     data = Path(args.data).resolve()
     prepare(data, rows, native_rows)
 
-    results: dict[str, list[dict]] = {c: [] for c in CASES + TRAIN_CASES}
-    profiles: list[dict] = []
-    for _ in range(args.repeat):
-        for case in CASES + TRAIN_CASES:
-            out = subprocess.run([sys.executable, __file__, "--child", case, str(data), str(args.batch_size),
-                                  str(steps)], capture_output=True, text=True)
-            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-            if out.returncode or not line:
-                raise RuntimeError(f"case {case} failed:\n{out.stderr[-3000:]}")
-            results[case].append(json.loads(line[0][7:]))
-        out = subprocess.run([sys.executable, __file__, "--child", "profile", str(data), str(args.batch_size), "0"],
+    def child_run(case: str) -> dict:
+        out = subprocess.run([sys.executable, __file__, "--child", case, str(data), str(args.batch_size), str(steps)],
                              capture_output=True, text=True)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not line:
-            raise RuntimeError(f"profile failed:\n{out.stderr[-3000:]}")
-        profiles.append(json.loads(line[0][7:]))
+            raise RuntimeError(f"case {case} failed:\n{out.stderr[-3000:]}")
+        return json.loads(line[0][7:])
+
+    results: dict[str, list[dict]] = {c: [] for c in CASES + TRAIN_CASES + SMALL_CASES + PROFILES}
+    for _ in range(args.repeat):
+        for case in CASES + TRAIN_CASES + SMALL_CASES + PROFILES:
+            results[case].append(child_run(case))
 
     table = []
-    for case in CASES:
-        rates = [r["rows"] / r["seconds"] for r in results[case]]
-        table.append({"case": case, "rows": results[case][0]["rows"], "rows_per_s": round(_bench.median(rates)),
-                      "cores_busy": round(_bench.median([r["cpu_seconds"] / r["seconds"] for r in results[case]]), 2),
-                      "peak_rss_mib": round(max(r["peak_rss_mib"] for r in results[case]))})
+    for workload, cases in (("default", CASES), ("small_files", SMALL_CASES)):
+        rows_ = []
+        for case in cases:
+            rates = [r["rows"] / r["seconds"] for r in results[case]]
+            rows_.append({"case": case, "rows": results[case][0]["rows"], "rows_per_s": round(_bench.median(rates)),
+                          "cores_busy": round(_bench.median([r["cpu_seconds"] / r["seconds"]
+                                                             for r in results[case]]), 2),
+                          "peak_rss_mib": round(max(r["peak_rss_mib"] for r in results[case]))})
+        raw = rows_[0]["rows_per_s"]
+        native = rows_[CASES.index("tfrecord_native")]["rows_per_s"] if workload == "default" else None
+        for r in rows_:
+            r["vs_raw_decode"] = round(r["rows_per_s"] / raw, 3)
+            if native:
+                r["vs_tfrecord_native"] = round(r["rows_per_s"] / native, 1)
+        table += rows_
     by = {r["case"]: r["rows_per_s"] for r in table}
-    for r in table:
-        r["vs_raw_decode"] = round(r["rows_per_s"] / by["raw_decode"], 3)
-        r["vs_tfrecord_native"] = round(r["rows_per_s"] / by["tfrecord_native"], 1)
     for case in TRAIN_CASES:
         rates = [r["steps"] / r["seconds"] for r in results[case]]
         table.append({"case": case, "rows": results[case][0]["rows"], "steps_per_s": round(_bench.median(rates), 3),
                       "peak_rss_mib": round(max(r["peak_rss_mib"] for r in results[case]))})
-    train_ratio = table[-2]["steps_per_s"] / table[-1]["steps_per_s"]
+    steps_per_s = {r["case"]: r["steps_per_s"] for r in table if "steps_per_s" in r}
     goals = {"parquet_loader_vs_raw_decode": (0.8, by["parquet_loader"] / by["raw_decode"]),
+             "small_files/parquet_loader_vs_raw_decode": (
+                 0.8, by["small_files/parquet_loader"] / by["small_files/raw_decode"]),
              "parquet_loader_vs_tfrecord_native": (15, by["parquet_loader"] / by["tfrecord_native"]),
-             "train_loader_vs_memory": (0.9, train_ratio)}
-    stages = {name: _bench.median([p["stages"][name] / p["rows"] * 1e6 for p in profiles])
-              for name in profiles[0]["stages"]}
-    total = sum(stages.values())
-    # CPU seconds per million rows: the loader's stages (serial) against raw_decode's own CPU time
-    raw_cpu = _bench.median([r["cpu_seconds"] / r["rows"] * 1e6 for r in results["raw_decode"]])
+             "train_loader_vs_memory": (0.9, steps_per_s["train_loader"] / steps_per_s["train_memory"])}
     notes = {"batch_size": args.batch_size, "dataset_rows": rows, "native_rows": native_rows,
+             "small_files": {"rows": results[SMALL_CASES[0]][0]["rows"], "files": 4, "row_groups_per_file": 4,
+                             "epochs_per_process": SMALL_EPOCHS},
              "goals": {k: {"goal": g, "measured": round(m, 3)} for k, (g, m) in goals.items()},
-             "profile_cpu_s_per_million_rows": {
-                 "raw_decode": round(raw_cpu, 4),
-                 **{f"loader_{name}": round(v, 4) for name, v in stages.items()},
-                 "loader_total": round(total, 4)},
-             "profile_share": {name: round(v / total, 3) for name, v in stages.items()}}
+             "profile_cpu_s_per_million_rows": {}, "profile_share": {}}
+    lines = []
+    for workload, raw_case in (("default", "raw_decode"), ("small_files", "small_files/raw_decode")):
+        runs = results[f"profile/{workload}"]
+        stages = {name: _bench.median([p["stages"][name] / p["rows"] * 1e6 for p in runs])
+                  for name in runs[0]["stages"]}
+        total = sum(stages.values())
+        # CPU seconds per million rows: the loader's stages (serial) against raw_decode's own CPU time
+        raw_cpu = _bench.median([r["cpu_seconds"] / r["rows"] * 1e6 for r in results[raw_case]])
+        notes["profile_cpu_s_per_million_rows"][workload] = {
+            "raw_decode": round(raw_cpu, 4), **{f"loader_{name}": round(v, 4) for name, v in stages.items()},
+            "loader_total": round(total, 4)}
+        notes["profile_share"][workload] = {name: round(v / total, 3) for name, v in stages.items()}
+        lines.append(f"{workload} loader stages, CPU s per million rows (serial): "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
+                     + f"; total {total:.3f} vs raw_decode {raw_cpu:.3f}")
     _bench.report("loader", table, args.out, notes=notes)
-    print("loader stages, CPU s per million rows (serial): "
-          + ", ".join(f"{k} {v:.3f}" for k, v in stages.items())
-          + f"; total {total:.3f} vs raw_decode {raw_cpu:.3f}")
+    print("\n".join(lines))
     for name, goal in notes["goals"].items():
         verdict = "met" if goal["measured"] >= goal["goal"] else "NOT met"
         print(f"{name}: {goal['measured']:.3g} (goal {goal['goal']}) {verdict}")

@@ -67,9 +67,7 @@ class SegmentDecoder:
                     raise LoaderError(f"column {name!r} of {str(path)!r}: {exc}") from exc
                 out[name] = self._check_nnz(col, name, path)
             else:
-                out[name] = self._scalar(column, name, path, pool)
-                if pool is not None and not self.shuffle:  # shuffling copies anyway; else copy here,
-                    out[name] = cols.owned(out[name], pool)  # in parallel, so batches go zero-copy
+                out[name] = self._scalar(column, name, path, pool)  # zero-copy where Arrow allows
         return self._transform(cols.to_device(out, self.xp))
 
     def _read_segment_cudf(self, seg: Segment) -> cols.Columns:
@@ -127,8 +125,7 @@ class SegmentDecoder:
         if column.null_count:
             raise LoaderError(f"column {name!r} of {str(path)!r} has {column.null_count} nulls; "
                               "categorical and label columns must be complete")
-        dtype = np.int64 if name in self.cat_names else np.float32
-        values = column.to_numpy().astype(dtype, copy=False)
+        values = cols.from_arrow_numeric(column, np.int64 if name in self.cat_names else np.float32)
         if name in self.label_names:
             self._check_labels(values, name, path)
         return values

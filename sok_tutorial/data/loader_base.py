@@ -9,8 +9,9 @@ Per epoch:
 2. the concatenated rows of that order are cut into ``global_size`` contiguous ranges; rank
    ``r`` reads range ``r`` only, so ranks see disjoint rows whose union is the dataset;
 3. the rank's row groups are read ``parts_per_chunk`` at a time (at most ``buffer_size`` rows),
-   transformed, and their rows permuted in memory;
-4. batches are cut from consecutive chunks; only the epoch's last batch can be partial.
+   transformed, and each such chunk's row order permuted (an index, seeded);
+4. batches are cut from consecutive chunks, each gathering its rows once into its own buffers;
+   only the epoch's last batch can be partial.
 
 Reading (decode, checks, transforms) runs in one thread and shuffling/batching in another, so
 on two cores the two halves overlap, and both overlap the training step.
@@ -101,9 +102,9 @@ class LoaderCore(SegmentDecoder):
         self.max_nnz = self._max_nnz(max_nnz or {})
         self.buffer_rows = self._buffer_rows(buffer_size)
         self.epoch = 0
-        # host buffers reused across epochs (decoded columns; shuffled chunks): no page faults
+        # host buffers reused across epochs (decoded columns; batches): no page faults
         self._read_pool = cols.BufferPool() if self.xp is np else None
-        self._shuffle_pool = cols.BufferPool() if self.xp is np else None
+        self._batch_pool = cols.BufferPool() if self.xp is np else None
 
     @staticmethod
     def _label_range(label_range: Any) -> tuple[float, float] | None:
@@ -293,30 +294,28 @@ class LoaderCore(SegmentDecoder):
 
     # ---------------------------------------------------------------------------- batch
     def batches(self, chunks: Iterator[cols.Columns], epoch: int) -> Iterator[cols.Columns]:
-        """Shuffle each chunk in memory and cut batches across chunk boundaries."""
-        pool = self._shuffle_pool
-        pending: cols.Columns | None = None
-        xp, size = self.xp, self.batch_size
+        """Cut batches across chunk boundaries, each chunk's rows in a seeded permuted order.
+
+        Only an index is permuted; every batch gathers its rows from the chunks it spans straight
+        into its own (pooled) buffers, so each value is copied once between decode and batch."""
+        pool, xp, size = self._batch_pool, self.xp, self.batch_size
+        pieces: list[tuple[cols.Columns, Any]] = []
+        filled = 0
         for index, chunk in enumerate(chunks):
             n = cols.num_rows(chunk)
-            if self.shuffle:
-                perm = np.random.default_rng([self.seed, epoch, self.global_rank, index]).permutation(n)
-                chunk = cols.take(chunk, xp.asarray(perm), pool)
+            perm = (xp.asarray(np.random.default_rng([self.seed, epoch, self.global_rank, index]).permutation(n))
+                    if self.shuffle else None)
             start = 0
-            if pending is not None:
-                need = size - cols.num_rows(pending)
-                pending = cols.concat([pending, cols.slice_rows(chunk, 0, min(need, n))])
-                start = min(need, n)
-                if cols.num_rows(pending) == size:
-                    yield pending
-                    pending = None
-            while start + size <= n:
-                yield cols.slice_rows(chunk, start, start + size)
-                start += size
-            if start < n:
-                pending = cols.slice_rows(chunk, start, n)
-        if pending is not None and not self.drop_last:
-            yield pending
+            while start < n:
+                stop = min(start + size - filled, n)
+                pieces.append((chunk, perm[start:stop] if perm is not None else slice(start, stop)))
+                filled += stop - start
+                start = stop
+                if filled == size:
+                    yield cols.gather(pieces, pool)
+                    pieces, filled = [], 0
+        if pieces and not self.drop_last:
+            yield cols.gather(pieces, pool)
 
     def finish(self, batch: cols.Columns) -> cols.Columns:
         """Lists to dense ``[B, (slots,) max_nnz]`` arrays when ``sparse_as_dense``."""
