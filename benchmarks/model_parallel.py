@@ -11,7 +11,10 @@ batches everywhere; N logical CPU devices where there are no GPUs):
 ``exchange_mib_per_step``: bytes one replica receives per step for the embedding (keys, slot
 ids, positions, vectors forward, gradients backward), counted from the shapes of the collectives
 the layer issues with ring algorithms (dense-layer all-reduce, equal in every case, left out).
-``table_mib_per_replica``: the table plus its optimizer slots stored by one replica.
+``table_mib_per_replica``: the table plus its optimizer slots stored by one replica, measured
+from the variables the layer built (`replica_bytes`); ``planned_mib_per_replica``: what the
+planner's cost model (`sok_tutorial.embedding.plan`) estimates for the same table and placement,
+and ``planned_vs_measured`` their ratio (goal: within 10%).
 
 On this machine the N "devices" share two CPU cores, so more replicas cannot be faster: the
 figures that carry over to GPUs are the memory per replica and the bytes per step.
@@ -33,6 +36,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _bench  # noqa: E402
+from sok_tutorial.embedding.planner import TableSpec, price  # noqa: E402
 from sok_tutorial.embedding.sharding import exchange_bytes  # noqa: E402
 
 CASES = {"row / all_gather": "sharding=row,exchange=all_gather", "row / all_reduce": "sharding=row,exchange=all_reduce",
@@ -60,6 +64,10 @@ def main() -> None:
                 result = np.load(f"{tmp}/n{n}.{tag}.rank0.npz")
                 step_s = float(np.median(result["step_s"][3:]))  # after tracing and warm-up
                 keys = batch // n * slots
+                spec_of = TableSpec("table", rows=slots * vocabulary, dim=dim, ids_per_sample=slots,
+                                    optimizer="lazyadam", dynamic=True, slot_sizes=(vocabulary,) * slots)
+                planned = price(spec_of, spec.split(",")[0].split("=")[1], "float32", n, batch).bytes_per_replica
+                measured = int(result["bytes_per_replica"])
                 rows.append({"case": name if n > 1 else ("one device" if name != "replicated" else "replicated"),
                              "replicas": n, "ms_per_step": step_s * 1e3,
                              "samples_per_s": batch / step_s,
@@ -67,12 +75,15 @@ def main() -> None:
                                                                         spec.split("exchange=")[-1]
                                                                         if "exchange=" in spec else "all_gather")
                              / 2**20,
-                             "table_mib_per_replica": int(result["bytes_per_replica"]) / 2**20,
+                             "table_mib_per_replica": measured / 2**20,
+                             "planned_mib_per_replica": planned / 2**20,
+                             "planned_vs_measured": planned / measured,
                              "final_loss": float(result["losses"][-1])})
     _bench.report("model_parallel", rows, args.out, notes={
         "setup": f"{slots} slots x {vocabulary:,} keys (one table of {slots * vocabulary:,} rows), dim {dim}, "
                  f"global batch {batch}, LazyAdam, {steps} steps; median step after 3",
         "devices": "logical CPU devices sharing this machine's cores: speed-up is not expected here",
+        "planner": "planned_vs_measured: the planner's bytes per replica over the built layer's (goal 0.9-1.1)",
     })
 
 

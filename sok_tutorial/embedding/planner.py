@@ -52,8 +52,8 @@ from sok_tutorial.embedding.index import num_slots
 from sok_tutorial.embedding.sharding import SHARDINGS, exchange_bytes, plan_table_wise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 0), "adagrad": (1, 0), "ftrl": (2, 0),
-               "rowwise_adagrad": (0, 1)}  # (floats per element, floats per row)
+SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 1), "adagrad": (1, 0), "ftrl": (2, 0),
+               "rowwise_adagrad": (0, 1)}  # (floats per element, floats per row: LazyAdam keeps a step per row)
 
 
 class PlanError(ValueError):

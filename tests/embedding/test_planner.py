@@ -11,7 +11,8 @@ from sok_tutorial.embedding import DistributedEmbedding  # noqa: E402
 from sok_tutorial.embedding.planner import PlanError, TableSpec, plan, price  # noqa: E402
 from sok_tutorial.embedding.sharding import replica_bytes  # noqa: E402
 
-OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "sgd": lambda: sok.optimizers.SGD(0.1),
+OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "lazyadam": lambda: sok.optimizers.LazyAdam(0.01),
+              "sgd": lambda: sok.optimizers.SGD(0.1),
               "rowwise_adagrad": lambda: sok.optimizers.RowWiseAdagrad(0.1)}
 
 
@@ -20,6 +21,7 @@ OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "sgd": lambda: sok.opti
     ("replicated", "bfloat16", "sgd", True),
     ("row", "float32", "adam", True),
     ("row", "bfloat16", "adam", False),
+    ("row", "float32", "lazyadam", True),
     ("table", "float32", "sgd", False),
     ("table", "float16", "rowwise_adagrad", True),
 ])
