@@ -1,6 +1,7 @@
 """Embedding tables (`EmbeddingTable`, the unit; `ShardedTable` over replicas), the Keras layers
 with SOK's API on top of them, their memory-saving variants (`QREmbedding`,
 `MixedDimensionEmbedding`), and grouped lookups."""
+from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.compositional import QREmbedding
 from sok_tutorial.embedding.index import VocabularyExhausted
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values
@@ -10,6 +11,7 @@ from sok_tutorial.embedding.mixed_dimension import MixedDimensionEmbedding, freq
 from sok_tutorial.embedding.ops import UniqueRowsGradient
 from sok_tutorial.embedding.sharding import (
            ShardedTable,
+           column_slices,
            exchange_bytes,
            plan_table_wise,
            replica_bytes,
@@ -18,8 +20,8 @@ from sok_tutorial.embedding.sharding import (
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
-__all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
+__all__ = ["All2AllDenseEmbedding", "ColumnShardedTable", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
            "MixedDimensionEmbedding", "OptimizerScope", "QREmbedding", "ShardedTable", "UniqueRowsGradient",
-           "VocabularyExhausted", "exchange_bytes", "frequency_order", "group_embedding_lookup_sparse",
+           "VocabularyExhausted", "column_slices", "exchange_bytes", "frequency_order", "group_embedding_lookup_sparse",
            "keyed_initial_values", "mixed_dimensions", "plan_table_wise", "replica_bytes", "rows_per_replica",
            "split_embedding_variable_from_others", "table_of", "tables_of"]
