@@ -17,11 +17,13 @@ same on every replica (a replicated index: it costs what a one-device index cost
 replica's gradient is a ``tf.IndexedSlices`` over the rows of all N*K keys, already summed
 over replicas: the sparse optimizers apply it to that replica's columns (no all-reduce), and
 their slots follow the variable's slice. A per-row slot that mixes columns (`RowWiseAdagrad`'s
-accumulator) cannot be split and is refused by `export` and `restore`.
+accumulator) cannot be split: each replica would keep its own, so training would not match one
+device, and `export` and `restore` refuse it.
 
 `export` and `restore` speak the one-device layout (full-width rows), so checkpoints move between
-one device, row-wise and column-wise tables of any replica count. Tables whose replicas live in
-several processes train, but `export` needs every slice in one process.
+one device, row-wise and column-wise tables of any replica count. `export` needs every slice in
+one process: replicas in several processes (``MultiWorkerMirroredStrategy``) are not supported
+for checkpoints, and their training is untested.
 """
 from __future__ import annotations
 
