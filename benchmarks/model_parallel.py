@@ -6,15 +6,18 @@ batches everywhere; N logical CPU devices where there are no GPUs):
     row / all_gather     row-wise shards (key mod N), the all_gather exchange (the default)
     row / all_reduce     row-wise shards, vectors returned by an all_reduce of masked rows
     table / all_gather   table-wise: each slot's table whole on one replica, balanced by size
+    column / all_gather  column-wise: every row on every replica, ceil(dim / N) columns each
+    column / all_reduce  column-wise, vectors assembled by an all_reduce of each replica's columns
     replicated           a full copy per replica, embedding gradients all-reduced (all-gathered)
 
 ``exchange_mib_per_step``: bytes one replica receives per step for the embedding (keys, slot
 ids, positions, vectors forward, gradients backward), counted from the shapes of the collectives
 the layer issues with ring algorithms (dense-layer all-reduce, equal in every case, left out).
-``table_mib_per_replica``: the table plus its optimizer slots stored by one replica, measured
-from the variables the layer built (`replica_bytes`); ``planned_mib_per_replica``: what the
-planner's cost model (`sok_tutorial.embedding.plan`) estimates for the same table and placement,
-and ``planned_vs_measured`` their ratio (goal: within 10%).
+``table_mib_per_replica``: the table plus its optimizer slots stored by one replica, measured from
+the shapes of its variables (with a dynamic table's key index, replicated by column-wise tables);
+``planned_mib_per_replica``: what the planner's cost model (`sok_tutorial.embedding.plan`)
+estimates for the same table and placement, and ``planned_vs_measured`` their ratio (goal:
+within 10%).
 
 On this machine the N "devices" share two CPU cores, so more replicas cannot be faster: the
 figures that carry over to GPUs are the memory per replica and the bytes per step.
@@ -40,7 +43,9 @@ from sok_tutorial.embedding.planner import TableSpec, price  # noqa: E402
 from sok_tutorial.embedding.sharding import exchange_bytes  # noqa: E402
 
 CASES = {"row / all_gather": "sharding=row,exchange=all_gather", "row / all_reduce": "sharding=row,exchange=all_reduce",
-         "table / all_gather": "sharding=table,exchange=all_gather", "replicated": "sharding=replicated"}
+         "table / all_gather": "sharding=table,exchange=all_gather",
+         "column / all_gather": "sharding=column,exchange=all_gather",
+         "column / all_reduce": "sharding=column,exchange=all_reduce", "replicated": "sharding=replicated"}
 
 
 def main() -> None:

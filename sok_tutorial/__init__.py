@@ -21,6 +21,7 @@ _NAMES: dict[str, str] = {
     "make_strategy": "sok_tutorial.distribute",
     "rows_per_replica": "sok_tutorial.embedding",
     "plan_table_wise": "sok_tutorial.embedding",
+    "column_slices": "sok_tutorial.embedding",
     "SOKDenseDemo": "sok_tutorial.models",
     "optimizers": "sok_tutorial.optimizers",
     "models": "sok_tutorial.models",

@@ -2,6 +2,7 @@
 with SOK's API on top of them, their memory-saving variants (`QREmbedding`,
 `MixedDimensionEmbedding`), grouped lookups, and `plan`, which places every table within a
 per-replica memory budget."""
+from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.compositional import QREmbedding
 from sok_tutorial.embedding.index import VocabularyExhausted
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values
@@ -12,6 +13,7 @@ from sok_tutorial.embedding.ops import UniqueRowsGradient
 from sok_tutorial.embedding.planner import Plan, PlanError, TableSpec, plan
 from sok_tutorial.embedding.sharding import (
            ShardedTable,
+           column_slices,
            exchange_bytes,
            plan_table_wise,
            replica_bytes,
@@ -20,9 +22,9 @@ from sok_tutorial.embedding.sharding import (
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
-__all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
-           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError", "QREmbedding", "ShardedTable",
-           "TableSpec", "UniqueRowsGradient", "VocabularyExhausted", "exchange_bytes", "frequency_order",
-           "group_embedding_lookup_sparse", "keyed_initial_values", "mixed_dimensions", "plan",
-           "plan_table_wise", "replica_bytes", "rows_per_replica", "split_embedding_variable_from_others",
-           "table_of", "tables_of"]
+__all__ = ["All2AllDenseEmbedding", "ColumnShardedTable", "DistributedEmbedding", "EmbeddingTable",
+           "KeyedInitializer", "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError",
+           "QREmbedding", "ShardedTable", "TableSpec", "UniqueRowsGradient", "VocabularyExhausted",
+           "column_slices", "exchange_bytes", "frequency_order", "group_embedding_lookup_sparse",
+           "keyed_initial_values", "mixed_dimensions", "plan", "plan_table_wise", "replica_bytes",
+           "rows_per_replica", "split_embedding_variable_from_others", "table_of", "tables_of"]

@@ -2,7 +2,7 @@
 `All2AllDenseEmbedding` (dense ``[batch, slot, nnz]`` keys, one vector per key).
 
 Each layer holds one `EmbeddingTable` (``layer.table``; a `ShardedTable` when it is built with
-``sharding="row"`` or ``"table"`` under a strategy of several replicas) and does what SOK's
+``sharding="row"``, ``"table"`` or ``"column"`` under a strategy of several replicas) and does what SOK's
 layers do around it: check and flatten the keys, ask the table for their vectors, combine them
 per slot. ``layer.embedding_variable`` is the table's variable (SOK's name). The layers work in
 ``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``, and the table's
@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import lifecycle, precision
+from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.combiners import (
     COMBINERS,
     SEQUENCE_OUTPUTS,
@@ -72,7 +73,8 @@ class _EmbeddingBase(keras.layers.Layer):
             common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name,
                       "optimizer": self.table_optimizer, **self.table_options}
             if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
-                self.table = ShardedTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
+                kind = ColumnShardedTable if self.sharding == "column" else ShardedTable
+                self.table = kind(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
                                           sharding=self.sharding, exchange=self.exchange,
                                           slot_num=getattr(self, "slot_num", 1), slot_sizes=self.slot_sizes, **common)
             else:
@@ -94,7 +96,10 @@ class _EmbeddingBase(keras.layers.Layer):
 
     @property
     def capacity(self) -> int:
-        """Rows of the whole table: ``max_vocabulary_size_per_gpu`` times the shards."""
+        """Rows of the whole table: ``max_vocabulary_size_per_gpu`` times the row-wise shards (a
+        column-wise table holds every row on every replica)."""
+        if isinstance(self.table, ShardedTable):
+            return self.table.total_rows
         return self.max_vocabulary_size_per_gpu * self.num_shards
 
     def _vectors(self, flat_keys: tf.Tensor, training: Any, slots: Any = None) -> tf.Tensor:

@@ -6,8 +6,8 @@ A table is described by a `TableSpec` (rows, width, ids a sample looks up, optim
 not). For each table the planner prices every placement it may take:
 
 * ``sharding``: ``"replicated"`` (a copy per replica), ``"row"`` (key ``k`` on replica
-  ``k mod N``), ``"table"`` (the layer's slots placed whole, `plan_table_wise`), and
-  ``"column"`` where the layers offer it (every row on every replica, a slice of the width);
+  ``k mod N``), ``"table"`` (the layer's slots placed whole, `plan_table_wise`), ``"column"``
+  (every row on every replica, ``ceil(dim / N)`` of the width, `column_slices`);
 * ``storage_dtype``: ``"float32"`` and, when allowed, ``"bfloat16"`` / ``"float16"``
   (`sok_tutorial.embedding.precision`; optimizer slots stay float32).
 
@@ -49,7 +49,7 @@ from typing import Any
 
 from kernels import checks
 from sok_tutorial.embedding.index import num_slots
-from sok_tutorial.embedding.sharding import SHARDINGS, exchange_bytes, plan_table_wise
+from sok_tutorial.embedding.sharding import SHARDINGS, column_slices, exchange_bytes, plan_table_wise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 1), "adagrad": (1, 0), "ftrl": (2, 0),
@@ -153,18 +153,6 @@ class Plan:
         return "\n".join(lines)
 
 
-def column_slices(dim: int, num_replicas: int) -> list[int]:
-    """Widths of the column slices of a `dim`-wide table over `num_replicas` (differ by at most 1).
-
-    Example:
-        >>> column_slices(10, 4)
-        [3, 3, 2, 2]
-    """
-    if dim < num_replicas:
-        raise ValueError(f"dim={dim} is narrower than num_replicas={num_replicas}: a column slice would be empty")
-    return [dim // num_replicas + (1 if r < dim % num_replicas else 0) for r in range(num_replicas)]
-
-
 def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: bool, table_wise: bool = False) -> int:
     """Bytes of the variables a table of `rows` x `width` creates on one replica (with its slots)."""
     per_element, per_row = SLOT_FLOATS[optimizer]
@@ -232,7 +220,9 @@ def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int
     for spec in tables:
         found = []
         for sharding in allowed:
-            if (sharding == "column" and spec.dim < n) or (sharding == "row" and spec.rows < n):
+            if sharding == "column" and (spec.dim < n or spec.optimizer == "rowwise_adagrad"):
+                continue  # no empty slices; a per-row accumulator cannot be split by column
+            if sharding == "row" and spec.rows < n:
                 continue
             for rank, dtype in enumerate(dtypes):
                 p = price(spec, sharding, dtype, n, global_batch, link_gbps=link_gbps, memory_gbps=memory_gbps)

@@ -12,6 +12,8 @@ replica (SOK's meaning of the name), so the replicas train one table together:
   replica, slots balanced by size (`plan_table_wise`). Slots must use disjoint keys (as the
   loader's key offsets give): a key seen in two slots on two replicas would get two rows, where
   one device shares one.
+* ``"column"`` (TorchRec CW): every replica holds every row but only its slice of the width,
+  ``column_slices(dim, N)``; `sok_tutorial.embedding.column_sharding.ColumnShardedTable`.
 * ``"replicated"`` (the default): a full copy on every replica, gradients all-reduced; for
   small tables.
 
@@ -32,9 +34,15 @@ collectives::
     all_gather (exchange default)     (N-1) K (8 + 8)     (N-1) K d 4        (N-1) K d 4
     all_reduce of masked vectors      (N-1) K 8           2 (N-1) K d 4      (N-1) K d 4
     all-to-all (NCCL, as SOK)         (N-1)/N K 8         (N-1)/N K d 4      (N-1)/N K d 4
+    column, all_gather                (N-1) K 8           (N-1) N K w 4      (N-1) K d 4
+    column, all_reduce                (N-1) K 8           2 (N-1) K d 4      (N-1) K d 4
     replicated table                  0                   0                  (N-1) K (d 4 + 8)
 
-(ids: keys, plus each owned key's position with all_gather; table-wise adds slot ids.)
+(ids: keys, plus each owned key's position with row-wise all_gather; table-wise adds slot ids;
+``w = ceil(d / N)``, so column-wise moves what row-wise does, without positions, plus the padding
+of unequal slices.) Memory per replica: row-wise ``ceil(V / N)`` rows of ``d``; column-wise all
+``V`` rows of ``w`` columns, ``V w 4`` bytes plus optimizer slots of the same shape, and a dynamic
+table's key index is replicated (every replica inserts the same keys in the same order).
 `exchange_bytes` computes these. TensorFlow's replica context offers all_gather and
 all_reduce, on every device type and across processes, but no all-to-all; an all-to-all would
 move N times less and needs NCCL communicators that ``tf.distribute`` does not expose. Between
@@ -60,7 +68,7 @@ from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, lo
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.table import EmbeddingTable
 
-SHARDINGS = ("replicated", "row", "table")
+SHARDINGS = ("replicated", "row", "table", "column")
 EXCHANGES = ("all_gather", "all_reduce")
 
 
@@ -79,6 +87,23 @@ def rows_per_replica(vocabulary_size: int, num_replicas: int) -> int:
     return math.ceil(vocabulary_size / num_replicas)
 
 
+def column_slices(dim: int, num_replicas: int) -> list[int]:
+    """Widths of the column slices of a ``dim``-wide table over `num_replicas` replicas (column-wise
+    sharding): as equal as possible, the wider ones first; each replica stores ``max`` of them.
+
+    Example:
+        >>> column_slices(10, 4), column_slices(16, 2)
+        ([3, 3, 2, 2], [8, 8])
+    """
+    checks.positive_int("dim", dim)
+    checks.positive_int("num_replicas", num_replicas)
+    if dim < num_replicas:
+        raise ValueError(f"dim={dim} is smaller than num_replicas={num_replicas}: a column slice would be empty; "
+                         "use sharding='row' or a wider table")
+    base, wider = divmod(dim, num_replicas)
+    return [base + 1] * wider + [base] * (num_replicas - wider)
+
+
 def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim: int,
                    exchange: str = "all_gather") -> int:
     """Bytes one replica receives per training step for a table's lookup and gradient, counted
@@ -87,6 +112,8 @@ def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim:
     Example:
         >>> exchange_bytes("row", 2, 1000, 16), exchange_bytes("replicated", 2, 1000, 16)
         (144008, 72000)
+        >>> exchange_bytes("column", 2, 1000, 16)
+        136008
     """
     checks.one_of("sharding", sharding, SHARDINGS)
     checks.one_of("exchange", exchange, EXCHANGES)
@@ -98,6 +125,10 @@ def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim:
     total = (num_replicas - 1) * 8 + others * 8 + others * dim * 4  # counts, keys, gradients backward
     if sharding == "table":
         total += others * 8  # slot ids
+    if sharding == "column":  # no positions: every replica gets every replica's [N*K, ceil(d/N)] slice
+        if exchange == "all_gather":
+            return total + others * num_replicas * math.ceil(dim / num_replicas) * 4
+        return total + 2 * others * dim * 4  # ring all-reduce of [N*K, dim] holding each replica's columns
     if exchange == "all_gather":
         return total + others * 8 + others * dim * 4  # positions, owned vectors
     return total + 2 * others * dim * 4  # ring all-reduce of the [N*K, dim] masked vectors
@@ -143,13 +174,15 @@ class ShardedTable(EmbeddingTable):
     for row-id keys, and each row records its slot, so a checkpoint can place it again.
     """
 
+    SHARDINGS: tuple[str, ...] = ("row", "table")  # "column": `ColumnShardedTable`
+
     def __init__(self, capacity: int, dim: int, *, sharding: str = "row", exchange: str = "all_gather",
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
         if self.lifecycle.active:
             raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available on a table "
                              f"sharded over replicas (sharding={sharding!r}); use sharding='replicated' on one replica")
-        self.sharding = checks.one_of("sharding", sharding, ("row", "table"))
+        self.sharding = checks.one_of("sharding", sharding, self.SHARDINGS)
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -157,6 +190,11 @@ class ShardedTable(EmbeddingTable):
     @property
     def indexed(self) -> bool:
         return self.dynamic or self.sharding == "table"
+
+    @property
+    def total_rows(self) -> int:
+        """Rows of the whole table, over all replicas (a static table's row ids)."""
+        return self.capacity * self.num_shards
 
     def _initializer(self) -> KeyedInitializer:
         return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=True)
@@ -212,7 +250,7 @@ class ShardedTable(EmbeddingTable):
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), compute_dtype(self.variable.dtype))
         flat = tf.reshape(keys, [-1])
         if not self.dynamic:
-            flat = self._check_range(flat, self.capacity * self.num_shards)
+            flat = self._check_range(flat, self.total_rows)
         if self.sharding == "table":
             if slots is None and self.slot_num > 1:
                 raise ValueError(f"{self.name}: the {self.slot_num} slots are placed table-wise, so each key's slot "

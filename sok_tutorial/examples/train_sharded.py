@@ -43,7 +43,7 @@ def synthetic_batches(steps: int, batch: int, slots: int, nnz: int, vocabulary: 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sok_tutorial.examples.train_sharded", description=__doc__)
     p.add_argument("--replicas", type=int, default=1, help="local replicas when not launched as a cluster")
-    p.add_argument("--sharding", default="row", choices=["row", "table", "replicated"])
+    p.add_argument("--sharding", default="row", choices=["row", "table", "column", "replicated"])
     p.add_argument("--layer", default="distributed", choices=["distributed", "all2all"])
     p.add_argument("--combiner", default="sum", choices=["sum", "mean"])
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazyadam", "adam"])
@@ -98,7 +98,7 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     n = context.num_replicas
     keras.utils.set_random_seed(0)
     total_rows = args.slots * args.vocabulary
-    per_replica = {"row": sok.rows_per_replica(total_rows, n), "replicated": total_rows,
+    per_replica = {"row": sok.rows_per_replica(total_rows, n), "replicated": total_rows, "column": total_rows,
                    "table": max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])}[args.sharding]
     kwargs = {"use_hashtable": not args.static, "sharding": args.sharding, "exchange": args.exchange,
               "slot_sizes": [args.vocabulary] * args.slots if args.sharding == "table" else None,

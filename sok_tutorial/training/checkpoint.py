@@ -127,7 +127,8 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
                 arrays = _table_arrays(table, optimizer, rows)
                 np.savez(tmp / "tables" / f"{i}.npz", **arrays)
                 keys, parts = len(arrays["keys"]), [None]
-            table_entries.append({"layer": _relative(model, table.path), "rows": table.capacity * table.num_shards,
+            table_entries.append({"layer": _relative(model, table.path),
+                                  "rows": getattr(table, "total_rows", table.capacity),
                                   "dim": table.dim, "keys": int(keys), "dynamic": table.dynamic,
                                   "sharding": getattr(table, "sharding", "replicated"), "shards": table.num_shards,
                                   "files": len(parts), "slots": [s.name for s in slots],

@@ -57,7 +57,7 @@ def _raw_spec(workflow: Workflow) -> dict[str, tf.TensorSpec]:
 
 def _tables(model: Any) -> list[dict[str, Any]]:
     """Rows and width of every embedding table: this package's tables and ``keras.layers.Embedding``."""
-    tables = [{"layer": t.name, "rows": t.capacity * t.num_shards, "dim": t.dim} for t in tables_of(model)]
+    tables = [{"layer": t.name, "rows": getattr(t, "total_rows", t.capacity), "dim": t.dim} for t in tables_of(model)]
     return tables + [{"layer": layer.name, "rows": int(layer.input_dim), "dim": int(layer.output_dim)}
                      for layer in keras_embeddings(model)]
 

@@ -24,15 +24,17 @@ OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "lazyadam": lambda: sok
     ("row", "float32", "lazyadam", True),
     ("table", "float32", "sgd", False),
     ("table", "float16", "rowwise_adagrad", True),
+    ("column", "float32", "adam", True),
+    ("column", "bfloat16", "lazyadam", False),
 ])
 def test_estimated_bytes_are_the_bytes_a_built_layer_holds_per_replica(strategy_of, sharding, dtype, optimizer,
                                                                         dynamic):
     n, slot_sizes = 2, (700, 300, 250, 50)
-    spec = TableSpec("t", rows=sum(slot_sizes), dim=12, ids_per_sample=4, optimizer=optimizer, dynamic=dynamic,
+    spec = TableSpec("t", rows=sum(slot_sizes), dim=11, ids_per_sample=4, optimizer=optimizer, dynamic=dynamic,
                      slot_sizes=slot_sizes)
     placement = price(spec, sharding, dtype, n, global_batch=64)
     with strategy_of(n).scope():
-        layer = DistributedEmbedding("sum", embedding_vec_size=12, slot_num=len(slot_sizes), max_nnz=1,
+        layer = DistributedEmbedding("sum", embedding_vec_size=11, slot_num=len(slot_sizes), max_nnz=1,
                                      use_hashtable=dynamic, slot_sizes=list(slot_sizes), name="t",
                                      **placement.layer_kwargs())
         layer.build()
