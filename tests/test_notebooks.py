@@ -131,7 +131,8 @@ def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
 def check_09(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["plan_bytes_per_replica"] <= m["budget_bytes"] < m["replicated_bytes"]  # the plan fits; replicas would not
     assert m["measured_bytes_per_replica"] == m["plan_bytes_per_replica"] and m["estimate_max_relative_error"] < 0.1
-    assert set(m["placements"].values()) >= {"row", "replicated"} and m["num_replicas"] == p["NUM_REPLICAS"]
+    shardings = set(m["placements"].values())  # small tables replicated, large ones split
+    assert "replicated" in shardings and shardings & {"row", "column"} and m["num_replicas"] == p["NUM_REPLICAS"]
     auc, held = m["auc"], m["bytes_per_replica"]
     assert abs(auc["bfloat16"] - auc["float32"]) < 0.005  # 16-bit rows train like float32 ones
     assert all(0.6 < a <= m["oracle_auc"] + 0.02 for a in auc.values())
