@@ -82,8 +82,12 @@ def test_unknown_movie_gets_no_genres_and_missing_layout_is_named(tmp_path):
     (tmp_path / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,99,4.5,10\n")
     (tmp_path / "movies.csv").write_text('movieId,title,genres\n1,"A, film",(no genres listed)\n')
     assert read_movielens(tmp_path).ratings["genres"].to_pylist() == [[]]
-    with pytest.raises(FileNotFoundError, match="no MovieLens layout"):
+    with pytest.raises(FileNotFoundError, match="nothing' does not exist: expected a MovieLens directory"):
         read_movielens(tmp_path / "nothing")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "ratings.parquet").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"no MovieLens layout: expected .* found ratings.parquet"):
+        read_movielens(tmp_path / "other")
 
 
 @pytest.mark.parametrize("kwargs, match", [({"num_users": 0}, "num_users=0"), ({"seed": -2}, "seed=-2")])
