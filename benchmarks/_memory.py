@@ -13,12 +13,12 @@ expects; every case trains on the same keys.
 Figures: the layer's bytes (weights; LazyAdam adds two slots of the tables' size), samples/s
 (median over the timed steps, each case in its own process), both as ratios to ``full``.
 
-Measured on the 2-core machine (``--quick``: one round of 6 steps): QR with 2, 4 and 16 collisions
-takes 0.5, 0.25 and 0.0625 of the bytes at 0.81x, 0.73x and 0.66x the full table's samples/s
-(two lookups and a product per key where the full table does one lookup); mixed dimensions
-(widths 16, 6, 3, 3) take 0.19 of the bytes and run 1.33x faster: of a step's ~46k distinct
-ids 65% sit in the 3-wide blocks and 30% in the 6-wide one, so LazyAdam reads and writes ~3.5x
-fewer table bytes a step, for the price of three small dense projections.
+Measured on the 2-core machine (``--quick``: one round of 6 steps, the machine otherwise idle):
+QR with 2, 4 and 16 collisions takes 0.5, 0.25 and 0.0625 of the bytes at 0.97x, 1.03x and 1.15x
+the full table's samples/s (two lookups and a product per key where the full table does one, on
+tables that fit the caches better); mixed dimensions (widths 16, 6, 3, 3) take 0.19 of the bytes
+at 0.96x. On a busy machine the same run gave 0.81x, 0.73x, 0.66x and 1.33x: single quick rounds
+move by more than the differences between the cases.
 """
 from __future__ import annotations
 
@@ -68,42 +68,18 @@ def layer(case: str, data: list[tuple[Any, Any]]) -> Any:
 
 def train(case: str, steps: int = STEPS) -> dict[str, Any]:
     """samples/s and bytes of one case."""
-    import time
-
-    import keras
     import tensorflow as tf
 
-    import sok_tutorial as sok
-
     tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    import sok_tutorial as sok
+    from benchmarks import _tables
+    from sok_tutorial.embedding import replica_bytes
+
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps)]
     embedding = layer(case, [(k.numpy(), y) for k, y in data])
-    head, opt = keras.layers.Dense(1), sok.optimizers.LazyAdam(1e-3)
-    loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
-
-    def forward(keys: Any) -> Any:
-        return head(tf.reshape(embedding(keys, training=True), [-1, NT * DIM]))
-
-    forward(data[0][0][:1])
-    variables = embedding.trainable_variables + head.trainable_variables
-    opt.build(variables)
-
-    @tf.function
-    def step(keys: Any, labels: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, forward(keys))
-        opt.apply(tape.gradient(loss, variables), variables)
-        return loss
-
-    rates = []
-    for i, (keys, labels) in enumerate(data):
-        start = time.perf_counter()
-        float(step(keys, labels))
-        if i >= WARM:
-            rates.append(BATCH / (time.perf_counter() - start))
-    weights = embedding.trainable_variables
-    nbytes = getattr(embedding, "bytes", None) or sum(int(v.numpy().nbytes) for v in weights)
-    return {"samples_per_s": statistics.median(rates), "bytes": int(nbytes),
+    step = _tables.train_step(embedding, sok.optimizers.LazyAdam(1e-3), data[0][0])
+    rates = [BATCH / t for t in _tables.timed(step, data)[WARM:]]
+    return {"samples_per_s": statistics.median(rates), "bytes": replica_bytes([embedding]),
             "widths": getattr(embedding, "block_dims", None)}
 
 

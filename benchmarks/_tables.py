@@ -10,8 +10,8 @@ warm-up steps, 2 threads.
   optionally with the per-op profile of a few more steps. ``dynamic_warm`` is the dynamic table
   after one untimed pass over the same batches: every key already has a row, so it shows the
   cost of the index's lookups alone, without the ~67k keys a step inserts in the first steps.
-* `model`, `timed`, `profile_ops`: the layer, head and training step, per-step timing and the
-  per-op profile, shared with the ``eviction`` group (`benchmarks._eviction`).
+* `model`, `train_step`, `timed`, `profile_ops`: the layer, head and training step, per-step
+  timing and the per-op profile, shared with the ``eviction``, ``precision`` and ``memory`` groups.
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
   index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
@@ -74,15 +74,21 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
 def model(optimizer: str, capacity: int, example: Any, **options: Any) -> tuple[Any, Any]:
     """(DistributedEmbedding of `capacity` rows, built on `example` keys, and a tf.function training
     step ``step(keys, labels) -> loss`` with the Linear(416 -> 1) head); `options` go to the layer."""
-    import keras
-    import tensorflow as tf
 
     import sok_tutorial as sok
 
     embedding = sok.DistributedEmbedding("sum", capacity, DIM, slot_num=NT, max_nnz=1, **options)
-    head = keras.layers.Dense(1)
     name, rate = OPTIMIZERS[optimizer]
-    opt = getattr(sok.optimizers, name)(rate)
+    return embedding, train_step(embedding, getattr(sok.optimizers, name)(rate), example)
+
+
+def train_step(embedding: Any, opt: Any, example: Any) -> Any:
+    """A tf.function ``step(keys, labels) -> loss`` of `embedding` (any layer of NT slots of width
+    DIM) under a Linear(416 -> 1) head, with `opt`; both built on `example` keys."""
+    import keras
+    import tensorflow as tf
+
+    head = keras.layers.Dense(1)
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
 
     def forward(keys: Any) -> Any:
@@ -99,7 +105,7 @@ def model(optimizer: str, capacity: int, example: Any, **options: Any) -> tuple[
         opt.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    return embedding, step
+    return step
 
 
 def timed(step: Any, data: list[tuple[Any, Any]], after: Any = None) -> list[float]:
