@@ -39,8 +39,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _bench  # noqa: E402
+from sok_tutorial.embedding.placement import exchange_bytes  # noqa: E402
 from sok_tutorial.embedding.planner import TableSpec, price  # noqa: E402
-from sok_tutorial.embedding.sharding import exchange_bytes  # noqa: E402
 
 CASES = {"row / all_gather": "sharding=row,exchange=all_gather", "row / all_reduce": "sharding=row,exchange=all_reduce",
          "table / all_gather": "sharding=table,exchange=all_gather",

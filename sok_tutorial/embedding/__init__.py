@@ -10,15 +10,15 @@ from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbe
 from sok_tutorial.embedding.lookup import group_embedding_lookup_sparse
 from sok_tutorial.embedding.mixed_dimension import MixedDimensionEmbedding, frequency_order, mixed_dimensions
 from sok_tutorial.embedding.ops import UniqueRowsGradient
-from sok_tutorial.embedding.planner import Plan, PlanError, TableSpec, plan
-from sok_tutorial.embedding.sharding import (
-           ShardedTable,
+from sok_tutorial.embedding.placement import (
            column_slices,
            exchange_bytes,
            plan_table_wise,
            replica_bytes,
            rows_per_replica,
 )
+from sok_tutorial.embedding.planner import Plan, PlanError, TableSpec, plan
+from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 

@@ -36,7 +36,8 @@ import tensorflow as tf
 from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
 from sok_tutorial.embedding.ops import all_gather, local_components
-from sok_tutorial.embedding.sharding import ShardedTable, _local_replica_ids, column_slices
+from sok_tutorial.embedding.placement import column_slices
+from sok_tutorial.embedding.sharding import ShardedTable, _local_replica_ids
 from sok_tutorial.embedding.table import EmbeddingTable
 
 

@@ -43,7 +43,8 @@ from sok_tutorial.embedding.combiners import (
 )
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import flatten_bags
-from sok_tutorial.embedding.sharding import EXCHANGES, SHARDINGS, ShardedTable
+from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
+from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
 

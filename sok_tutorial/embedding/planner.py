@@ -18,7 +18,7 @@ The cost model, per replica and training step, with N replicas and K = ids per r
   rows x width x the storage type, the optimizer's slots (Adam 2 floats per element, Adagrad and
   FTRL 1 or 2, row-wise Adagrad 1 per row), and for an indexed table its key index
   (``index.num_slots(rows)`` + rows int64s, plus a slot id per row table-wise);
-* **bytes exchanged**: `sharding.exchange_bytes`, counted from the collectives the layers issue;
+* **bytes exchanged**: `placement.exchange_bytes`, counted from the collectives the layers issue;
 * **bytes touched**: the rows a replica gathers and updates (read and write of the row and its
   slots): K rows for row- and table-wise shards, N x K for a replicated table (it applies the
   all-reduced gradient of the whole batch) and for column slices, at most the rows it holds;
@@ -51,7 +51,7 @@ from typing import Any
 
 from kernels import checks
 from sok_tutorial.embedding.index import num_slots
-from sok_tutorial.embedding.sharding import SHARDINGS, column_slices, exchange_bytes, plan_table_wise
+from sok_tutorial.embedding.placement import SHARDINGS, column_slices, exchange_bytes, plan_table_wise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 1), "adagrad": (1, 0), "ftrl": (2, 0),

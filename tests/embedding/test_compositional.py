@@ -290,7 +290,7 @@ def test_config_round_trip(make):
 
 def test_replica_bytes_counts_every_table_and_projection_of_a_composed_layer_with_adam_slots():
     import sok_tutorial as sok
-    from sok_tutorial.embedding.sharding import replica_bytes
+    from sok_tutorial.embedding.placement import replica_bytes
 
     for layer in (QREmbedding("sum", 1000, 8, num_collisions=4, name="qr_bytes"),
                   MixedDimensionEmbedding("sum", [10, 90, 900], 8, block_dims=[8, 4, 2], name="md_bytes")):

@@ -11,7 +11,7 @@ import tensorflow as tf
 import sok_tutorial as sok
 from sok_tutorial import optimizers
 from sok_tutorial.embedding import EmbeddingTable
-from sok_tutorial.embedding.sharding import replica_bytes
+from sok_tutorial.embedding.placement import replica_bytes
 from sok_tutorial.training.checkpoint import load_checkpoint, save_checkpoint
 from sok_tutorial.training.summary import parameter_report
 

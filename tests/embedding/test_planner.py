@@ -8,8 +8,8 @@ tf = pytest.importorskip("tensorflow")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import DistributedEmbedding  # noqa: E402
+from sok_tutorial.embedding.placement import replica_bytes  # noqa: E402
 from sok_tutorial.embedding.planner import PlanError, TableSpec, plan, price  # noqa: E402
-from sok_tutorial.embedding.sharding import replica_bytes  # noqa: E402
 
 OPTIMIZERS = {"adam": lambda: sok.optimizers.Adam(0.01), "lazyadam": lambda: sok.optimizers.LazyAdam(0.01),
               "sgd": lambda: sok.optimizers.SGD(0.1),
