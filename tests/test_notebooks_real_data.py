@@ -9,20 +9,10 @@ import shutil
 
 import pytest
 
-from tests.test_notebooks import NOTEBOOKS, SMOKE, check_05, check_07
+from tests.test_notebooks import SMOKE, check_05, check_07, run_notebook
 
 NB_05 = "05-dlrm-native-vs-accelerated"
 NB_07 = "07-continuous-training-cache"
-
-
-def _run(name: str, tmp_path, **parameters) -> dict:
-    import papermill as pm
-
-    out = tmp_path / "out"
-    params = {**SMOKE[name][0], "DATA_DIR": str(tmp_path / "data"), "OUTPUT_DIR": str(out), **parameters}
-    pm.execute_notebook(str(NOTEBOOKS / f"{name}.ipynb"), str(tmp_path / f"{name}.ipynb"), parameters=params,
-                        cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False, log_output=False)
-    return params
 
 
 def _criteo_download(root, rows_per_day: int, days: int, scale: float) -> None:
@@ -44,8 +34,7 @@ def test_notebook_07_on_a_real_criteo_layout(tmp_path):
     days = 6 * smoke["DAYS_PER_LIST"]
     download = tmp_path / "criteo"
     _criteo_download(download, smoke["ROWS_PER_DAY"], days, smoke["CRITEO_SCALE"])
-    params = _run(NB_07, tmp_path, CRITEO_DIR=str(download))
-    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    params, m = run_notebook(NB_07, tmp_path, CRITEO_DIR=str(download))
     assert m["oracle_auc"] is None and m["real_data"] is True
     assert all(a > 0.6 for run in m["auc"].values() for a in run)  # the generated clicks are learnable
     check_07({**m, "oracle_auc": 1.0}, params)  # every other invariant of the cache; without an oracle AUC <= 1
@@ -59,7 +48,7 @@ def test_notebook_07_names_the_expected_files_when_criteo_dir_holds_none(tmp_pat
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(pm.PapermillExecutionError) as info:
-        _run(NB_07, tmp_path, CRITEO_DIR=str(empty))
+        run_notebook(NB_07, tmp_path, CRITEO_DIR=str(empty))
     message = str(info.value)
     assert "FileNotFoundError" in message and str(empty) in message and "is empty" in message
     assert "day_0" in message and "train.txt" in message
@@ -88,8 +77,7 @@ def _ml_100k(root, ratings: int = 6000) -> None:
 
 def test_notebook_03_on_an_ml_100k_layout_with_baselines_beside_the_model(tmp_path):
     _ml_100k(tmp_path / "ml-100k")
-    _run(NB_03, tmp_path, MOVIELENS_DIR=str(tmp_path / "ml-100k"), MAX_EPOCHS=4, LEARNING_RATE=0.01)
-    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    _, m = run_notebook(NB_03, tmp_path, MOVIELENS_DIR=str(tmp_path / "ml-100k"), MAX_EPOCHS=4, LEARNING_RATE=0.01)
     assert m["layout"] == "ml-100k" and m["oracle_auc"] is None and m["train_rows"] + m["valid_rows"] == 6000
     assert abs(m["final_auc"] - m["best_auc"]) < 1e-6 and m["final_auc"] > 0.6  # user and movie effects are planted
     assert 0.5 < m["popularity_auc"] < m["logistic_auc"]  # the users' effects are only in the regression
@@ -105,7 +93,7 @@ def test_notebook_03_lists_the_expected_files_when_movielens_dir_holds_none(tmp_
         target.mkdir()
         (target / "ratings.parquet").write_bytes(b"")
     with pytest.raises(pm.PapermillExecutionError) as info:
-        _run(NB_03, tmp_path, MOVIELENS_DIR=str(target))
+        run_notebook(NB_03, tmp_path, MOVIELENS_DIR=str(target))
     message = str(info.value)
     assert "FileNotFoundError" in message and str(target) in message
     assert "u.data + u.item (ml-100k)" in message and "ratings.dat + movies.dat" in message
@@ -126,8 +114,7 @@ def test_notebook_05_on_a_kaggle_train_txt_fits_its_vocabulary_on_the_training_r
     for extra in list(download.iterdir()):
         if extra.name != "train.txt.gz":
             extra.unlink()
-    params = _run(NB_05, tmp_path, CRITEO_DIR=str(download), MIN_COUNT=2)
-    m = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    params, m = run_notebook(NB_05, tmp_path, CRITEO_DIR=str(download), MIN_COUNT=2)
     assert m["oracle_auc"] is None and m["real_data"] is True
     check_05({**m, "oracle_auc": 1.0}, params)  # speed, phases, losses and AUCs as on generated data
     data = next((tmp_path / "data").glob("criteo-dlrm-real-*"))

@@ -100,7 +100,9 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
     Args:
         optimizer: defaults to ``model.optimizer`` (a compiled model); sparse optimizers of
             `sok_tutorial.optimizers` update only the table rows a step used.
-        loss: defaults to binary cross-entropy on the model's output (``from_logits``).
+        loss: defaults to binary cross-entropy on the model's output (``from_logits``). Training
+            adds the terms the model adds (``model.losses``, e.g. `EmbeddingMLP`'s ``l2``);
+            evaluation does not.
         eval_loader, eval_interval, max_eval_batches: validation AUC and loss every
             `eval_interval` steps (and at the end), over at most `max_eval_batches` batches.
         snapshot_interval, snapshot_dir: write a checkpoint every `snapshot_interval` steps (and at
@@ -119,8 +121,6 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         restore_best_weights: at the end, give the model back as it was at its best evaluation
             (the optimizer keeps its latest state). The best model is a checkpoint, kept in
             ``snapshot_dir/best`` (which a resumed run uses) or else in a temporary directory.
-            The loss and regularisation terms the model adds (``model.losses``) are trained on
-            but not evaluated.
         progress: a tqdm bar over the steps.
         verbose: print one line per logged point (step, loss, samples/s) and per evaluation (step,
             AUC, loss) to stdout, above the bar; ``0`` prints nothing.
