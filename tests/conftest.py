@@ -29,14 +29,18 @@ _STRATEGIES: dict = {}
 @pytest.fixture
 def strategy_of():
     """strategy_of(n): the MirroredStrategy over n logical CPU devices, one per n for the whole
-    session (separate instances in one process can collide on collective-op keys)."""
+    session (separate instances in one process can collide on collective-op keys). Each n draws
+    its collective group keys from its own range (TF's test hook ``_collective_key_base``): every
+    strategy would otherwise start at group key 1, and a process that trained on 2 replicas
+    could not train on 4 ("joining a group with size 4, but that group has size 2")."""
     import tensorflow as tf
 
     def make(n: int) -> "tf.distribute.Strategy":
         if n not in _STRATEGIES:
             devices = [d.name for d in tf.config.list_logical_devices("CPU")[:n]]
             assert len(devices) == n, f"need {n} logical CPU devices, have {len(devices)}"
-            _STRATEGIES[n] = tf.distribute.MirroredStrategy(devices)
+            kind = type(f"MirroredStrategy{n}", (tf.distribute.MirroredStrategy,), {"_collective_key_base": 1000 * n})
+            _STRATEGIES[n] = kind(devices)
         return _STRATEGIES[n]
 
     return make
