@@ -21,7 +21,11 @@ accumulator) cannot be split: each replica would keep its own, so training would
 device, and `export` and `restore` refuse it.
 
 `export` and `restore` speak the one-device layout (full-width rows), so checkpoints move between
-one device, row-wise and column-wise tables of any replica count. `export` needs every slice in
+one device, row-wise, column-wise and grid tables of any replica count. A column-wise table is the
+grid of one row group (``grid = (1, N)``): what depends on the layout alone (slices, static rows,
+export, restore) is written here for any grid, and
+`sok_tutorial.embedding.grid_sharding.GridShardedTable` (``sharding="row_column"``) adds the
+lookup that routes keys to their row group. `export` needs every slice in
 one process: replicas in several processes (``MultiWorkerMirroredStrategy``) are not supported
 for checkpoints, and their training is untested.
 """
@@ -37,6 +41,7 @@ from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
 from sok_tutorial.embedding.ops import all_gather, local_components
 from sok_tutorial.embedding.placement import column_slices
+from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.sharding import ShardedTable, _local_replica_ids
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -62,7 +67,11 @@ class ColumnShardedTable(ShardedTable):
 
     @property
     def total_rows(self) -> int:
-        return self.capacity
+        return self.capacity * self.grid[0]
+
+    def _grid(self) -> tuple[int, int]:
+        """(row groups, column groups) of the replicas: column-wise, one row group of all N."""
+        return 1, self.num_shards
 
     def build(self, input_shape: Any = None) -> None:
         if self.built:
@@ -70,14 +79,17 @@ class ColumnShardedTable(ShardedTable):
         strategy = tf.distribute.get_strategy()
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
         try:
-            self.widths = column_slices(self.dim, self.num_shards)
+            self.grid = self._grid()  # replica r: row group r // C, column slice r % C
+            self.widths = column_slices(self.dim, self.grid[1])
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
+        groups, columns = self.grid
         self.starts = np.concatenate([[0], np.cumsum(self.widths)[:-1]]).astype(int).tolist()
         self.width = max(self.widths)
-        # column j of replica r's slice is column starts[r] + j of the table; `dim` is padding (zero)
+        # column j of replica r's slice is column starts[r % C] + j of the table; `dim` is padding (zero)
         self._take = np.full((self.num_shards, self.width), self.dim, np.int32)
-        for r, (s, w) in enumerate(zip(self.starts, self.widths)):
+        for r in range(self.num_shards):
+            s, w = self.starts[r % columns], self.widths[r % columns]
             self._take[r, :w] = np.arange(s, s + w)
         dim, self.dim = self.dim, self.width  # the variable holds one slice
         try:
@@ -85,10 +97,10 @@ class ColumnShardedTable(ShardedTable):
         finally:
             self.dim = dim
         self.local_shards = _local_replica_ids(strategy, len(local_components(self.variable)))
-        if not self.indexed:  # static rows: row j is key j on every replica
+        if not self.indexed:  # static rows: row j of replica r is key j * R + r // C (key j column-wise)
             rows = np.arange(self.capacity, dtype=np.int64)
             for shard, component in zip(self.local_shards, local_components(self.variable)):
-                component.assign(self._slice(self.initial_values(rows), shard))
+                component.assign(self._slice(self.initial_values(rows * groups + shard // columns), shard))
 
     # ------------------------------------------------------------------ column slices
     def _slice(self, values: np.ndarray, shard: int, blocks: int = 1) -> np.ndarray:
@@ -143,7 +155,7 @@ class ColumnShardedTable(ShardedTable):
 
     def _owned_rows(self, keys: tf.Tensor, slots: Any, insert: bool,
                     component: int | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
-        return self.rows(keys, insert, component) if self.indexed else (keys, None)
+        return self.rows(keys, insert, component) if self.indexed else (tf.math.floordiv(keys, self.grid[0]), None)
 
     def _replica_lookup(self, context: Any, keys: tf.Tensor, slots: Any, insert: bool) -> tf.Tensor:
         if int(context.num_replicas_in_sync) != self.num_shards:
@@ -176,32 +188,41 @@ class ColumnShardedTable(ShardedTable):
         return exchange(part)
 
     def _global_lookup(self, keys: tf.Tensor, slots: Any, insert: bool) -> tf.Tensor:
-        """Outside ``strategy.run``: every slice of this process's replicas, joined."""
+        """Outside ``strategy.run``: the slices of each key's row group (all in this process), joined."""
         if len(self.local_shards) != self.num_shards:
             raise RuntimeError(f"{self.name}: this process holds {len(self.local_shards)} of {self.num_shards} "
                                "column slices; call the layer inside strategy.run")
-        parts = [self._owned_vectors(keys, None, insert, component) for component in range(self.num_shards)]
-        return tf.concat([p[:, :w] for p, w in zip(parts, self.widths)], 1)
+        groups, columns = self.grid
+        owner = tf.math.floormod(keys, groups)
+        out = tf.zeros([tf.size(keys), self.dim], compute_dtype(self.variable.dtype))
+        for group in range(groups):  # components are replicas here: this process holds them all
+            where = tf.where(tf.equal(owner, group))
+            parts = [self._owned_vectors(tf.gather_nd(keys, where), None, insert, group * columns + j)
+                     for j in range(columns)]
+            out = tf.tensor_scatter_nd_update(out, where, tf.concat([p[:, :w] for p, w in zip(parts, self.widths)], 1))
+        return out
 
     # ------------------------------------------------------------------ export/restore
     @property
     def size(self) -> int:
         if not self.indexed:
-            return self.capacity
-        return int(local_components(self._size)[0].numpy())
+            return self.total_rows
+        groups, columns = self.grid  # the C replicas of a row group hold the same keys
+        return sum(int(local_components(self._size)[group * columns].numpy()) for group in range(groups))
 
     def _keys_and_rows(self, component: int) -> tuple[np.ndarray, np.ndarray]:
         if not self.indexed:
             rows = np.arange(self.capacity, dtype=np.int64)
-            return rows, rows
+            return rows * self.grid[0] + self.local_shards[component] // self.grid[1], rows
         return super()._keys_and_rows(component)
 
     def _local_rows(self, keys: np.ndarray) -> np.ndarray:
-        return keys
+        return keys // self.grid[0]
 
     def export(self, optimizer: Any = None, since: int | None = None) -> dict[str, np.ndarray]:
         """Every row in use by key, full width (the one-device layout): ``keys``, ``vectors``,
-        ``slot_<j>``, ``shard`` and ``key_slots`` (-1: every replica holds a slice of every row)."""
+        ``slot_<j>``, ``shard`` and ``key_slots`` (-1: the replicas of a row group each hold a
+        slice of its rows)."""
         if len(self.local_shards) != self.num_shards:
             raise NotImplementedError(f"{self.name}: this process holds {len(self.local_shards)} of "
                                       f"{self.num_shards} column slices; export needs all of them")
@@ -209,9 +230,14 @@ class ColumnShardedTable(ShardedTable):
             raise ValueError(f"{self.name}: a sharded table does not track changes (since={since})")
         slots = self.optimizer_slots(optimizer)
         blocks = [1] + [self._slot_blocks(s, optimizer) for s in slots]
-        keys, rows = self._keys_and_rows(0)
-        values = [self._join([tf.gather(c, rows).numpy() for c in local_components(v)], b)
-                  for v, b in zip([self.variable, *slots], blocks)]
+        groups, columns = self.grid
+        parts = []
+        for group in range(groups):  # replicas group * C + j, j < C: the slices of the group's rows
+            keys, rows = self._keys_and_rows(group * columns)
+            replicas = [[tf.gather(c, rows).numpy() for c in local_components(v)[group * columns:][:columns]]
+                        for v in (self.variable, *slots)]
+            parts.append([keys, *(self._join(p, b) for p, b in zip(replicas, blocks))])
+        keys, *values = (np.concatenate(arrays) for arrays in zip(*parts))
         out = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), -1, np.int64),
                "key_slots": np.full(len(keys), -1, np.int64)}
         out.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
@@ -234,16 +260,27 @@ class ColumnShardedTable(ShardedTable):
 
     def _placement(self, arrays: dict[str, Any], optimizer: Any) -> tuple:
         keys, values, variables = self._checked(arrays, optimizer)
-        self._check_fit(keys)
-        every = np.arange(len(keys))
-        return keys, values, variables, None, {shard: every for shard in self.local_shards}
+        groups, columns = self.grid
+        if not self.indexed and len(keys) and (keys.min() < 0 or keys.max() >= self.total_rows):
+            raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
+                             f"[0, {self.total_rows})")
+        owner = np.mod(keys, groups)
+        owned = {shard: np.flatnonzero(owner == shard // columns) for shard in self.local_shards}
+        for shard, part in owned.items():
+            if self.indexed and len(part) > self.capacity:
+                group = "" if groups == 1 else f" of row group {shard // columns}"
+                raise ValueError(f"{self.name}: {len(part):,} keys{group} do not fit max_vocabulary_size_per_gpu="
+                                 f"{self.capacity:,} rows")
+        return keys, values, variables, None, owned
 
     def restore(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
         """Load one-device rows by key (saved from any table of this width): each replica takes its
-        columns of every row."""
-        keys, values, variables, _, _ = self._placement(arrays, optimizer)
-        order = np.argsort(keys, kind="stable") if self.indexed else np.arange(len(keys))
+        columns of the rows of its row group (column-wise: of every row), in key order, so the
+        replicas of a row group build the same key index."""
+        keys, values, variables, _, owned = self._placement(arrays, optimizer)
         blocks = [1] + [self._slot_blocks(v, optimizer) for v in variables[1:]]
         for component, shard in enumerate(self.local_shards):
-            self._assign(component, keys[order], [self._slice(v[order], shard, b) for v, b in zip(values, blocks)],
+            part = owned[shard]
+            part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
+            self._assign(component, keys[part], [self._slice(v[part], shard, b) for v, b in zip(values, blocks)],
                          variables)
