@@ -22,6 +22,7 @@ _NAMES: dict[str, str] = {
     "rows_per_replica": "sok_tutorial.embedding",
     "plan_table_wise": "sok_tutorial.embedding",
     "column_slices": "sok_tutorial.embedding",
+    "grid_shape": "sok_tutorial.embedding",
     "SOKDenseDemo": "sok_tutorial.models",
     "optimizers": "sok_tutorial.optimizers",
     "models": "sok_tutorial.models",

@@ -80,10 +80,11 @@ class RowWiseAdagrad(Adagrad):
     def _build_slots(self, var_list: list[Any]) -> None:
         for var in var_list:  # one accumulator per row sums over every column: no column slices
             table = table_of(var)
-            if table is not None and getattr(table, "sharding", None) == "column":
+            sharding = getattr(table, "sharding", None)
+            if table is not None and sharding in ("column", "row_column"):
                 raise ValueError(f"{table.name}: RowWiseAdagrad keeps one accumulator per row of all columns, which "
-                                 "a column-sharded table (sharding='column') cannot split; use sharding='row' or "
-                                 "another optimizer")
+                                 f"a column-sharded table (sharding={sharding!r}) cannot split; use sharding='row' "
+                                 "or another optimizer")
         keras.optimizers.Optimizer.build(self, var_list)
         start = keras.initializers.Constant(self.initial_accumulator_value)
         self._accumulators = [

@@ -2,9 +2,11 @@
 `All2AllDenseEmbedding` (dense ``[batch, slot, nnz]`` keys, one vector per key).
 
 Each layer holds one `EmbeddingTable` (``layer.table``; a `ShardedTable` when it is built with
-``sharding="row"``, ``"table"`` or ``"column"`` under a strategy of several replicas) and does what SOK's
-layers do around it: check and flatten the keys, ask the table for their vectors, combine them
-per slot. ``layer.embedding_variable`` is the table's variable (SOK's name). The layers work in
+``sharding="row"``, ``"table"``, ``"column"`` or ``"row_column"`` under a strategy of several
+replicas; ``column_shards`` sets the grid of ``"row_column"``, see
+`sok_tutorial.embedding.grid_sharding`) and does what SOK's layers do around it: check and
+flatten the keys, ask the table for their vectors, combine them per slot.
+``layer.embedding_variable`` is the table's variable (SOK's name). The layers work in
 ``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``, and the table's
 gradient covers only the rows a step used (see `sok_tutorial.optimizers`).
 
@@ -41,6 +43,7 @@ from sok_tutorial.embedding.combiners import (
     sequence,
     weigh,
 )
+from sok_tutorial.embedding.grid_sharding import GridShardedTable
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
@@ -52,7 +55,7 @@ class _EmbeddingBase(keras.layers.Layer):
     def __init__(self, max_vocabulary_size_per_gpu: int, embedding_vec_size: int, *, use_hashtable: bool = True,
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
                  sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None,
-                 optimizer: Any = None, **kwargs: Any):
+                 column_shards: int | None = None, optimizer: Any = None, **kwargs: Any):
         self.table_options = {name: kwargs.pop(name) for name in (*lifecycle.OPTIONS, *precision.OPTIONS)
                               if name in kwargs}
         super().__init__(**kwargs)
@@ -60,6 +63,10 @@ class _EmbeddingBase(keras.layers.Layer):
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
+        if column_shards is not None and sharding != "row_column":
+            raise ValueError(f"{self.name}: column_shards={column_shards} sets the grid of sharding='row_column'; "
+                             f"got sharding={sharding!r}")
+        self.column_shards = None if column_shards is None else checks.positive_int("column_shards", column_shards)
         self.max_vocabulary_size_per_gpu = checks.positive_int("max_vocabulary_size_per_gpu",
                                                                max_vocabulary_size_per_gpu)
         self.embedding_vec_size = checks.positive_int("embedding_vec_size", embedding_vec_size)
@@ -74,10 +81,11 @@ class _EmbeddingBase(keras.layers.Layer):
             common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name,
                       "optimizer": self.table_optimizer, **self.table_options}
             if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
-                kind = ColumnShardedTable if self.sharding == "column" else ShardedTable
+                kind = {"column": ColumnShardedTable, "row_column": GridShardedTable}.get(self.sharding, ShardedTable)
+                grid = {"column_shards": self.column_shards} if self.sharding == "row_column" else {}
                 self.table = kind(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
-                                          sharding=self.sharding, exchange=self.exchange,
-                                          slot_num=getattr(self, "slot_num", 1), slot_sizes=self.slot_sizes, **common)
+                                  sharding=self.sharding, exchange=self.exchange, slot_num=getattr(self, "slot_num", 1),
+                                  slot_sizes=self.slot_sizes, **grid, **common)
             else:
                 self.table = EmbeddingTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size, **common)
             self.table.build()
@@ -98,7 +106,7 @@ class _EmbeddingBase(keras.layers.Layer):
     @property
     def capacity(self) -> int:
         """Rows of the whole table: ``max_vocabulary_size_per_gpu`` times the row-wise shards (a
-        column-wise table holds every row on every replica)."""
+        column-wise table holds every row on every replica, a grid's on every replica of a row group)."""
         if isinstance(self.table, ShardedTable):
             return self.table.total_rows
         return self.max_vocabulary_size_per_gpu * self.num_shards
@@ -120,7 +128,7 @@ class _EmbeddingBase(keras.layers.Layer):
         return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,
                 "embedding_vec_size": self.embedding_vec_size, "use_hashtable": self.use_hashtable,
                 "key_dtype": self.key_dtype, "sharding": self.sharding, "exchange": self.exchange,
-                "slot_sizes": self.slot_sizes, **self.table_options,
+                "slot_sizes": self.slot_sizes, "column_shards": self.column_shards, **self.table_options,
                 "embedding_initializer": {"class_name": "KeyedInitializer",
                                           "config": KeyedInitializer(self.init.kind, self.init.a, self.init.b,
                                                                      self.init.seed).get_config()}}

@@ -14,6 +14,9 @@ replica (SOK's meaning of the name), so the replicas train one table together:
   one device shares one.
 * ``"column"`` (TorchRec CW): every replica holds every row but only its slice of the width,
   ``column_slices(dim, N)``; `sok_tutorial.embedding.column_sharding.ColumnShardedTable`.
+* ``"row_column"`` (TorchRec's RW x CW): the replicas as a grid of R row groups x C column
+  groups (`grid_shape`); replica ``r`` holds the keys ``k mod R == r // C`` and of them the
+  slice ``r % C`` of the width; `sok_tutorial.embedding.grid_sharding.GridShardedTable`.
 * ``"replicated"`` (the default): a full copy on every replica, gradients all-reduced; for
   small tables.
 
@@ -36,13 +39,17 @@ collectives::
     all-to-all (NCCL, as SOK)         (N-1)/N K 8         (N-1)/N K d 4      (N-1)/N K d 4
     column, all_gather                (N-1) K 8           (N-1) N K w 4      (N-1) K d 4
     column, all_reduce                (N-1) K 8           2 (N-1) K d 4      (N-1) K d 4
+    row_column, all_gather            (N-1) K 8           (N-1) C K v 4      (N-1) K d 4
+    row_column, all_reduce            (N-1) K 8           2 (N-1) K d 4      (N-1) K d 4
     replicated table                  0                   0                  (N-1) K (d 4 + 8)
 
 (ids: keys, plus each owned key's position with row-wise all_gather; table-wise adds slot ids;
 ``w = ceil(d / N)``, so column-wise moves what row-wise does, without positions, plus the padding
-of unequal slices.) Memory per replica: row-wise ``ceil(V / N)`` rows of ``d``; column-wise all
-``V`` rows of ``w`` columns, ``V w 4`` bytes plus optimizer slots of the same shape, and a dynamic
-table's key index is replicated (every replica inserts the same keys in the same order).
+of unequal slices; a grid of R x C, ``v = ceil(d / C)``, likewise.) Memory per replica:
+row-wise ``ceil(V / N)`` rows of ``d``; column-wise all ``V`` rows of ``w`` columns, ``V w 4``
+bytes plus optimizer slots of the same shape, and a dynamic table's key index is replicated
+(every replica inserts the same keys in the same order); a grid ``ceil(V / R)`` rows of ``v``,
+the key index replicated over the C replicas of a row group.
 `placement.exchange_bytes` computes these. TensorFlow's replica context offers all_gather and
 all_reduce, on every device type and across processes, but no all-to-all; an all-to-all would
 move N times less and needs NCCL communicators that ``tf.distribute`` does not expose. Between
@@ -91,7 +98,7 @@ class ShardedTable(EmbeddingTable):
     for row-id keys, and each row records its slot, so a checkpoint can place it again.
     """
 
-    SHARDINGS: tuple[str, ...] = ("row", "table")  # "column": `ColumnShardedTable`
+    SHARDINGS: tuple[str, ...] = ("row", "table")  # "column": `ColumnShardedTable`; "row_column": `GridShardedTable`
 
     def __init__(self, capacity: int, dim: int, *, sharding: str = "row", exchange: str = "all_gather",
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
