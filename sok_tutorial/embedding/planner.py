@@ -7,7 +7,9 @@ not). For each table the planner prices every placement it may take:
 
 * ``sharding``: ``"replicated"`` (a copy per replica), ``"row"`` (key ``k`` on replica
   ``k mod N``), ``"table"`` (the layer's slots placed whole, `plan_table_wise`), ``"column"``
-  (every row on every replica, ``ceil(dim / N)`` of the width, `column_slices`);
+  (every row on every replica, ``ceil(dim / N)`` of the width, `column_slices`), ``"row_column"``
+  (a grid of R x C, `grid_shape`'s default: ``ceil(rows / R)`` rows of ``ceil(dim / C)``; priced
+  where it is neither of the last two, ``1 < C < N``);
 * ``storage_dtype``: ``"float32"`` and, when allowed, ``"bfloat16"`` / ``"float16"``
   (`sok_tutorial.embedding.precision`; optimizer slots stay float32).
 
@@ -21,7 +23,8 @@ The cost model, per replica and training step, with N replicas and K = ids per r
 * **bytes exchanged**: `placement.exchange_bytes`, counted from the collectives the layers issue;
 * **bytes touched**: the rows a replica gathers and updates (read and write of the row and its
   slots): K rows for row- and table-wise shards, N x K for a replicated table (it applies the
-  all-reduced gradient of the whole batch) and for column slices, at most the rows it holds;
+  all-reduced gradient of the whole batch) and for column slices, C x K for a grid's slices
+  (its row group's keys), at most the rows it holds;
 * **step cost** = exchanged / ``link_gbps`` + touched / ``memory_gbps``.
 
 Placement: every table starts from its placements in order of preference (float32 before a
@@ -51,7 +54,7 @@ from typing import Any
 
 from kernels import checks
 from sok_tutorial.embedding.index import num_slots
-from sok_tutorial.embedding.placement import SHARDINGS, column_slices, exchange_bytes, plan_table_wise
+from sok_tutorial.embedding.placement import SHARDINGS, column_slices, exchange_bytes, grid_shape, plan_table_wise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 1), "adagrad": (1, 0), "ftrl": (2, 0),
@@ -105,11 +108,13 @@ class Placement:
     exchange_bytes: int  # received per replica and step
     touched_bytes: int  # read and written per replica and step
     seconds: float = field(default=0.0)  # estimated step cost
+    column_shards: int | None = None  # the grid's column groups, for sharding="row_column"
 
     def layer_kwargs(self) -> dict[str, Any]:
         """Arguments for the table's layer (`DistributedEmbedding` and the other SOK layers)."""
+        grid = {"column_shards": self.column_shards} if self.sharding == "row_column" else {}
         return {"max_vocabulary_size_per_gpu": self.rows_per_replica, "sharding": self.sharding,
-                "storage_dtype": self.storage_dtype}
+                "storage_dtype": self.storage_dtype, **grid}
 
 
 class Plan:
@@ -167,15 +172,16 @@ def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: b
 
 
 def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_batch: int, *,
-          link_gbps: float = 25.0, memory_gbps: float = 100.0) -> Placement:
-    """The cost model's figures for one table in one placement."""
+          link_gbps: float = 25.0, memory_gbps: float = 100.0, column_shards: int | None = None) -> Placement:
+    """The cost model's figures for one table in one placement (`column_shards`: the grid of
+    ``"row_column"``, `grid_shape`'s default if None)."""
     n = num_replicas
     keys = max(1, round(global_batch / n * spec.ids_per_sample))
     per_element, per_row = SLOT_FLOATS[spec.optimizer]
     if n == 1:
         sharding = "replicated"
     rows, width, touched_rows = spec.rows, spec.dim, n * keys
-    indexed, table_wise = spec.dynamic, False
+    indexed, table_wise, grid = spec.dynamic, False, None
     if sharding == "row":
         rows, touched_rows = math.ceil(spec.rows / n), keys
     elif sharding == "table":
@@ -183,12 +189,15 @@ def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_
         rows, touched_rows, indexed, table_wise = max(load), keys, True, True
     elif sharding == "column":
         width = column_slices(spec.dim, n)[0]
+    elif sharding == "row_column":
+        groups, grid = grid_shape(n, spec.dim, column_shards)
+        rows, width, touched_rows = math.ceil(spec.rows / groups), column_slices(spec.dim, grid)[0], grid * keys
     touched_rows = min(touched_rows, rows)  # a step updates each distinct row once
     held = table_bytes(rows, width, dtype, spec.optimizer, indexed=indexed, table_wise=table_wise)
-    moved = exchange_bytes(sharding, n, keys, spec.dim) if n > 1 else 0
+    moved = exchange_bytes(sharding, n, keys, spec.dim, column_shards=grid) if n > 1 else 0
     touched = touched_rows * 2 * (width * (DTYPE_BYTES[dtype] + 4 * per_element) + 4 * per_row)
     seconds = moved / (link_gbps * 1e9) + touched / (memory_gbps * 1e9)
-    return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds)
+    return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds, grid)
 
 
 def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int, *, global_batch: int,
@@ -226,6 +235,11 @@ def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int
                 continue  # no empty slices; a per-row accumulator cannot be split by column
             if sharding == "row" and spec.rows < n:
                 continue
+            if sharding == "row_column":
+                groups, columns = grid_shape(n, spec.dim)
+                if not 1 < columns < n or spec.rows < groups or spec.optimizer == "rowwise_adagrad":
+                    continue  # C = 1 or N is "row" or "column"
+
             for rank, dtype in enumerate(dtypes):
                 p = price(spec, sharding, dtype, n, global_batch, link_gbps=link_gbps, memory_gbps=memory_gbps)
                 found.append((rank, p.seconds, p.bytes_per_replica, p))

@@ -44,6 +44,27 @@ def test_estimated_bytes_are_the_bytes_a_built_layer_holds_per_replica(strategy_
     assert replica_bytes([layer], opt) == placement.bytes_per_replica
 
 
+@pytest.mark.parametrize("dtype,optimizer,dynamic", [("float32", "adam", True), ("bfloat16", "lazyadam", False)])
+def test_a_grid_s_estimated_bytes_are_the_bytes_its_layer_holds(strategy_of, dtype, optimizer, dynamic):
+    spec = TableSpec("t", rows=1001, dim=11, ids_per_sample=4, optimizer=optimizer, dynamic=dynamic)
+    placement = price(spec, "row_column", dtype, 4, global_batch=64)
+    assert (placement.rows_per_replica, placement.width_per_replica, placement.column_shards) == (501, 6, 2)
+    with strategy_of(4).scope():
+        layer = DistributedEmbedding("sum", embedding_vec_size=11, slot_num=1, max_nnz=1, use_hashtable=dynamic,
+                                     name="t", **placement.layer_kwargs())
+        layer.build()
+        opt = OPTIMIZERS[optimizer]()
+        opt.build(layer.trainable_variables)
+    assert layer.table.grid == (2, 2) and replica_bytes([layer], opt) == placement.bytes_per_replica
+
+
+def test_the_planner_takes_a_grid_where_it_moves_and_touches_the_least():
+    wide = TableSpec("wide", rows=100_000, dim=10)  # column-wise on 4: 3 + 3 + 2 + 2 columns, 12 moved per key
+    chosen = plan([wide], 4, 1 << 30, global_batch=4096, shardings=("row", "column", "row_column"))["wide"]
+    assert chosen.sharding == "row_column" and chosen.layer_kwargs()["column_shards"] == 2
+    assert plan([wide], 2, 1 << 30, global_batch=4096, shardings=("row_column", "row"))["wide"].sharding == "row"
+
+
 def _tables():
     return [TableSpec("items", rows=400_000, dim=32), TableSpec("users", rows=50_000, dim=32),
             TableSpec("genres", rows=20, dim=8, ids_per_sample=3)]
