@@ -8,6 +8,8 @@ batches everywhere; N logical CPU devices where there are no GPUs):
     table / all_gather   table-wise: each slot's table whole on one replica, balanced by size
     column / all_gather  column-wise: every row on every replica, ceil(dim / N) columns each
     column / all_reduce  column-wise, vectors assembled by an all_reduce of each replica's columns
+    row_column / ...     a grid of row groups x column groups (4 replicas: 2 x 2; key mod 2 picks
+                         the row group, each holds half the width), all_gather or all_reduce
     replicated           a full copy per replica, embedding gradients all-reduced (all-gathered)
 
 ``exchange_mib_per_step``: bytes one replica receives per step for the embedding (keys, slot
@@ -45,7 +47,10 @@ from sok_tutorial.embedding.planner import TableSpec, price  # noqa: E402
 CASES = {"row / all_gather": "sharding=row,exchange=all_gather", "row / all_reduce": "sharding=row,exchange=all_reduce",
          "table / all_gather": "sharding=table,exchange=all_gather",
          "column / all_gather": "sharding=column,exchange=all_gather",
-         "column / all_reduce": "sharding=column,exchange=all_reduce", "replicated": "sharding=replicated"}
+         "column / all_reduce": "sharding=column,exchange=all_reduce", "replicated": "sharding=replicated",
+         "row_column / all_gather": "sharding=row_column,exchange=all_gather",
+         "row_column / all_reduce": "sharding=row_column,exchange=all_reduce"}
+GRIDS = 4  # the fewest replicas with a grid other than row- or column-wise (2 replicas: 2 x 1, row-wise)
 
 
 def main() -> None:
@@ -56,7 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (1, 2, 4):
             cases = {"row / all_gather": CASES["row / all_gather"], "replicated": CASES["replicated"]} \
-                if n == 1 else CASES
+                if n == 1 else {k: v for k, v in CASES.items() if n >= GRIDS or not k.startswith("row_column")}
             command = [sys.executable, "-m", "sok_tutorial.examples.train_sharded", "--replicas", str(n),
                        "--steps", str(steps), "--global-batch-size", str(batch), "--slots", str(slots),
                        "--nnz", "1", "--vocabulary", str(vocabulary), "--dim", str(dim), "--optimizer", "lazyadam",

@@ -43,7 +43,9 @@ def synthetic_batches(steps: int, batch: int, slots: int, nnz: int, vocabulary: 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sok_tutorial.examples.train_sharded", description=__doc__)
     p.add_argument("--replicas", type=int, default=1, help="local replicas when not launched as a cluster")
-    p.add_argument("--sharding", default="row", choices=["row", "table", "column", "replicated"])
+    p.add_argument("--sharding", default="row", choices=["row", "table", "column", "row_column", "replicated"])
+    p.add_argument("--column-shards", type=int, default=0,
+                   help="sharding=row_column: column groups of the grid (0: the default, sok.grid_shape)")
     p.add_argument("--layer", default="distributed", choices=["distributed", "all2all"])
     p.add_argument("--combiner", default="sum", choices=["sum", "mean"])
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lazyadam", "adam"])
@@ -98,11 +100,15 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     n = context.num_replicas
     keras.utils.set_random_seed(0)
     total_rows = args.slots * args.vocabulary
-    per_replica = {"row": sok.rows_per_replica(total_rows, n), "replicated": total_rows, "column": total_rows,
-                   "table": max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])}[args.sharding]
+    grid = {"column_shards": args.column_shards or None} if args.sharding == "row_column" else {}
+    if args.sharding == "table":
+        per_replica = max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])
+    else:  # the rows of a row group: a replica's row-wise, every row column-wise and replicated
+        groups = n if args.sharding == "row" else sok.grid_shape(n, args.dim, **grid)[0] if grid and n > 1 else 1
+        per_replica = sok.rows_per_replica(total_rows, groups)
     kwargs = {"use_hashtable": not args.static, "sharding": args.sharding, "exchange": args.exchange,
               "slot_sizes": [args.vocabulary] * args.slots if args.sharding == "table" else None,
-              "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3)}
+              "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3), **grid}
     with strategy.scope():
         if args.layer == "distributed":
             embedding = sok.DistributedEmbedding(args.combiner, per_replica, args.dim, slot_num=args.slots,

@@ -1,7 +1,7 @@
 """Model-parallel tables equal one device: the same global batches on N = 1, 2, 4 replicas
 (logical CPU devices, one process each) and on 2 worker processes give the same per-step
-losses and the same table rows, for the row-, table- and column-wise shardings, both combiners,
-SGD, Adam and LazyAdam.
+losses and the same table rows, for the row-, table-, column-wise and grid shardings, both
+combiners, SGD, Adam and LazyAdam.
 
 The runs are `sok_tutorial.examples.train_sharded` processes (a process can hold only one
 replica count: TF's collective group keys clash across strategies of different sizes).
@@ -29,8 +29,10 @@ CASES = ["sharding=row,combiner=sum,optimizer=sgd",
 COLUMN = ["sharding=column,optimizer=adam,dim=6",  # slices 3 + 3 on 2 replicas, 2 + 2 + 1 + 1 on 4
           "sharding=column,static=1,combiner=mean,optimizer=sgd,dim=5",  # 3 + 2, 2 + 1 + 1 + 1
           "sharding=column,optimizer=lazyadam,exchange=all_reduce"]
+GRID = ["sharding=row_column,optimizer=lazyadam,dim=5",  # 2 x 2 on 4 replicas: slices 3 + 2
+        "sharding=row_column,static=1,optimizer=sgd,exchange=all_reduce"]
 RUNS = {  # name -> (replicas or "workers:N", cases)
-    "n1": (1, CASES + COLUMN), "n2": (2, CASES + COLUMN), "n4": (4, CASES[:4] + COLUMN),
+    "n1": (1, CASES + COLUMN + GRID), "n2": (2, CASES + COLUMN), "n4": (4, CASES[:4] + COLUMN + GRID),
     "workers2": ("workers:2", [CASES[0], CASES[1], CASES[3]])}
 MODULE = [sys.executable, "-m", "sok_tutorial.examples.train_sharded", "--steps", "6"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
