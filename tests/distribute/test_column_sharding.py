@@ -1,7 +1,7 @@
 """Column-wise sharded tables in one process: equal to one device on 2 logical CPU replicas, a
 replicated key index, full-width checkpoints re-sharded on restore (onto 1, 2 and 4 replicas),
-memory, bad input. (A process trains on one replica count only: TF's collective group keys clash
-across strategies of different sizes; tests/distribute/test_model_parallel.py trains on 4.)"""
+memory, bad input. (Each replica count has its own collective keys, see ``strategy_of`` in
+conftest; tests/distribute/test_grid_sharding.py trains on 4 in this process too.)"""
 from __future__ import annotations
 
 import keras
