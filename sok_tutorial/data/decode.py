@@ -41,15 +41,10 @@ class SegmentDecoder:
     _local: threading.local
 
     def _handle(self, file: int) -> pq.ParquetFile:
-        """This thread's reader of `file` (sharing the footer parsed at construction).
-
-        The file is memory-mapped: pyarrow decompresses pages straight from the page cache
-        instead of first copying each column chunk into a buffer of its own (5-12% fewer CPU
-        seconds per epoch, measured with benchmarks/loader.py). The project's writers replace
-        files by renaming, which leaves a mapped file intact."""
+        """This thread's reader of `file` (sharing the footer parsed at construction)."""
         handles = self._local.__dict__.setdefault("handles", {})
         if file not in handles:
-            handles[file] = pq.ParquetFile(self.files[file], metadata=self._pf[file].metadata, memory_map=True)
+            handles[file] = pq.ParquetFile(self.files[file], metadata=self._pf[file].metadata)
         return handles[file]
 
     def read_segment(self, seg: Segment, pool: cols.BufferPool | None = None) -> cols.Columns:
