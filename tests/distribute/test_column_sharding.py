@@ -4,7 +4,6 @@ memory, bad input. (Each replica count has its own collective keys, see ``strate
 conftest; tests/distribute/test_grid_sharding.py trains on 4 in this process too.)"""
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,37 +12,12 @@ import sok_tutorial as sok
 from sok_tutorial.embedding import ColumnShardedTable, exchange_bytes, replica_bytes
 from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.training import load_checkpoint, save_checkpoint
-
-DIM = 5  # slices 3 + 2 on 2 replicas, 2 + 1 + 1 + 1 on 4
-
-
-def _model(strategy, sharding: str, dynamic: bool = True, optimizer: str = "adam") -> tuple:
-    keras.utils.set_random_seed(0)
-    n = strategy.num_replicas_in_sync
-    rows = 400 if sharding != "row" else 400 // n
-    with strategy.scope():
-        inp = keras.Input([3], dtype="int64")
-        layer = sok.DistributedEmbedding("sum", rows, DIM, slot_num=3, max_nnz=1, sharding=sharding, name="emb",
-                                         use_hashtable=dynamic)
-        out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Reshape([3 * DIM])(layer(inp)))
-        model = keras.Model(inp, out, name="m")
-        opt = {"adam": lambda: sok.optimizers.Adam(0.05), "lazyadam": lambda: sok.optimizers.LazyAdam(0.05),
-               "sgd": lambda: sok.optimizers.SGD(0.5)}[optimizer]()
-        model.compile(opt, "binary_crossentropy")
-        opt.build(model.trainable_variables)
-    return model, layer, opt
-
-
-def _data(dynamic: bool) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(4)
-    x = rng.integers(-10**12, 10**12, (128, 3)) % (400 if not dynamic else 10**12)
-    x[::3] = x[1::3][:len(x[::3])]  # repeated keys, also across replicas
-    return x, (x[:, :1] % 3 == 0).astype("float32")
+from tests.distribute._small_model import DIM, small_data, small_model
 
 
 def _fit(strategy, sharding: str, dynamic: bool, optimizer: str) -> tuple:
-    model, layer, opt = _model(strategy, sharding, dynamic, optimizer)
-    x, y = _data(dynamic)
+    model, layer, opt = small_model(strategy, sharding, dynamic, optimizer)
+    x, y = small_data(dynamic)
     loss = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
     return loss, layer.table.export(opt), layer, opt
 
@@ -80,14 +54,14 @@ def test_every_replica_holds_the_same_key_index_and_its_own_columns(strategy_of)
 def test_checkpoints_move_between_column_row_and_one_device(strategy_of, tmp_path):
     """Saved column-wise on 2 replicas; restored on one device, column-wise on 4 (read outside
     strategy.run: no collectives), row-wise on 2, and from there back to column-wise on 2."""
-    saved, layer, opt = _model(strategy_of(2), "column", optimizer="adam")
-    x, y = _data(True)
+    saved, layer, opt = small_model(strategy_of(2), "column", optimizer="adam")
+    x, y = small_data(True)
     saved.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
     save_checkpoint(tmp_path / "column2", saved, opt)
     expected = layer.table.export(opt)
     probe = tf.constant(x[:8])
     for n, sharding in ((1, "replicated"), (4, "column"), (2, "row")):
-        model, other, other_opt = _model(strategy_of(n), sharding, optimizer="adam")
+        model, other, other_opt = small_model(strategy_of(n), sharding, optimizer="adam")
         load_checkpoint(tmp_path / "column2", model, other_opt)
         np.testing.assert_allclose(model(probe), saved(probe), atol=1e-6)
         rows = other.table.export(other_opt)
@@ -96,7 +70,7 @@ def test_checkpoints_move_between_column_row_and_one_device(strategy_of, tmp_pat
             np.testing.assert_array_equal(rows[name][order], expected[name][want])
         if sharding == "row":  # and back: saved row-wise, restored column-wise
             save_checkpoint(tmp_path / "row2", model, other_opt)
-            back, back_layer, back_opt = _model(strategy_of(2), "column", optimizer="adam")
+            back, back_layer, back_opt = small_model(strategy_of(2), "column", optimizer="adam")
             load_checkpoint(tmp_path / "row2", back, back_opt)
             np.testing.assert_allclose(back(probe), saved(probe), atol=1e-6)
             np.testing.assert_array_equal(back_layer.table.export(back_opt)["slot_0"][np.argsort(

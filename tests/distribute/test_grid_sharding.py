@@ -4,43 +4,17 @@ checkpoints move between the grid, one device and column-wise tables; memory, by
 bad input. (Each replica count has its own collective keys: see ``strategy_of`` in conftest.)"""
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sok_tutorial as sok
-from sok_tutorial.embedding import GridShardedTable, exchange_bytes, grid_shape, replica_bytes
+from sok_tutorial.embedding import GridShardedTable, exchange_bytes, replica_bytes
 from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.training import load_checkpoint, save_checkpoint
+from tests.distribute._small_model import DIM, ROWS, small_data, small_model
 
-DIM = 5  # slices 3 + 2 on a 2 x 2 grid
-ROWS = 400  # one device; a grid's row groups hold ROWS / R each
 _FITS: dict = {}
-
-
-def _model(strategy, sharding: str, dynamic: bool = True, optimizer: str = "adam", **kwargs) -> tuple:
-    keras.utils.set_random_seed(0)
-    n = strategy.num_replicas_in_sync
-    groups = {"row": n, "row_column": grid_shape(n, DIM, kwargs.get("column_shards"))[0]}.get(sharding, 1)
-    with strategy.scope():
-        inp = keras.Input([3], dtype="int64")
-        layer = sok.DistributedEmbedding("sum", ROWS // groups, DIM, slot_num=3, max_nnz=1, sharding=sharding,
-                                         name="emb", use_hashtable=dynamic, **kwargs)
-        out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Reshape([3 * DIM])(layer(inp)))
-        model = keras.Model(inp, out, name="m")
-        opt = {"adam": lambda: sok.optimizers.Adam(0.05), "lazyadam": lambda: sok.optimizers.LazyAdam(0.05),
-               "sgd": lambda: sok.optimizers.SGD(0.5)}[optimizer]()
-        model.compile(opt, "binary_crossentropy")
-        opt.build(model.trainable_variables)
-    return model, layer, opt
-
-
-def _data(dynamic: bool) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(4)
-    x = rng.integers(-10**12, 10**12, (128, 3)) % (ROWS if not dynamic else 10**12)
-    x[::3] = x[1::3][:len(x[::3])]  # repeated keys, also across replicas
-    return x, (x[:, :1] % 3 == 0).astype("float32")
 
 
 def _fit(strategy, sharding: str, dynamic: bool = True, optimizer: str = "adam", **kwargs) -> tuple:
@@ -49,8 +23,8 @@ def _fit(strategy, sharding: str, dynamic: bool = True, optimizer: str = "adam",
     kwargs = {k: v for k, v in kwargs.items() if (k, v) != ("exchange", "all_gather")}  # the default
     key = (strategy.num_replicas_in_sync, sharding, dynamic, optimizer, tuple(sorted(kwargs.items())))
     if key not in _FITS:
-        model, layer, opt = _model(strategy, sharding, dynamic, optimizer, **kwargs)
-        x, y = _data(dynamic)
+        model, layer, opt = small_model(strategy, sharding, dynamic, optimizer, **kwargs)
+        x, y = small_data(dynamic)
         loss = model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False).history["loss"]
         _FITS[key] = loss, layer.table.export(opt), model, layer, opt
     return _FITS[key]
@@ -109,14 +83,14 @@ def test_checkpoints_move_between_the_grid_one_device_and_column(strategy_of, tm
     fresh grid and onto a column-wise table on 2 replicas (read outside strategy.run)."""
     _, expected, saved, _, opt = _fit(strategy_of(4), "row_column")
     save_checkpoint(tmp_path / "grid", saved, opt)
-    probe = tf.constant(_data(True)[0][:8])
-    one, one_layer, one_opt = _model(strategy_of(1), "replicated")
+    probe = tf.constant(small_data(True)[0][:8])
+    one, one_layer, one_opt = small_model(strategy_of(1), "replicated")
     load_checkpoint(tmp_path / "grid", one, one_opt)
     np.testing.assert_allclose(one(probe), saved(probe), atol=1e-6)
     _assert_same_rows(one_layer.table.export(one_opt), expected, atol=0)
     save_checkpoint(tmp_path / "one", one, one_opt)
     for n, sharding in ((4, "row_column"), (2, "column")):
-        model, other, other_opt = _model(strategy_of(n), sharding)
+        model, other, other_opt = small_model(strategy_of(n), sharding)
         load_checkpoint(tmp_path / "one", model, other_opt)
         np.testing.assert_allclose(model(probe), saved(probe), atol=1e-6)
         _assert_same_rows(other.table.export(other_opt), expected, atol=0)
@@ -124,7 +98,7 @@ def test_checkpoints_move_between_the_grid_one_device_and_column(strategy_of, tm
 
 def test_a_static_grid_restores_its_own_rows(strategy_of):
     _, rows, *_ = _fit(strategy_of(4), "row_column", False, "lazyadam")
-    _, layer, opt = _model(strategy_of(4), "row_column", False, "lazyadam")
+    _, layer, opt = small_model(strategy_of(4), "row_column", False, "lazyadam")
     layer.table.restore(rows, opt)
     _assert_same_rows(layer.table.export(opt), rows, atol=0)
     with pytest.raises(ValueError, match=r"emb: keys span \[0, 400\] but the table holds row ids \[0, 400\)"):
