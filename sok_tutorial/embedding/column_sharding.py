@@ -86,11 +86,14 @@ class ColumnShardedTable(ShardedTable):
         groups, columns = self.grid
         self.starts = np.concatenate([[0], np.cumsum(self.widths)[:-1]]).astype(int).tolist()
         self.width = max(self.widths)
-        # column j of replica r's slice is column starts[r % C] + j of the table; `dim` is padding (zero)
+        # column j of replica r's slice is column starts[r % C] + j of the table (`dim`: padding, zero),
+        # and column c of the table is column _place[r, c] of replica r's slice (`width`: not there)
         self._take = np.full((self.num_shards, self.width), self.dim, np.int32)
+        self._place = np.full((self.num_shards, self.dim), self.width, np.int32)
         for r in range(self.num_shards):
             s, w = self.starts[r % columns], self.widths[r % columns]
             self._take[r, :w] = np.arange(s, s + w)
+            self._place[r, s:s + w] = np.arange(w)
         dim, self.dim = self.dim, self.width  # the variable holds one slice
         try:
             EmbeddingTable.build(self, input_shape)
@@ -167,9 +170,6 @@ class ColumnShardedTable(ShardedTable):
         ours = tf.reduce_sum(counts[:me]) + tf.range(counts[me])
         part = self._owned_vectors(all_gather(context, keys, counts), None, insert)  # (N*K, width)
         n, widths = self.num_shards, self.widths
-        place = np.full((n, self.dim), self.width, np.int32)  # column c of the table in replica r's slice
-        for r, (s, w) in enumerate(zip(self.starts, widths)):
-            place[r, s:s + w] = np.arange(w)
 
         @tf.custom_gradient
         def exchange(part: tf.Tensor) -> tuple[tf.Tensor, Any]:
@@ -178,7 +178,7 @@ class ColumnShardedTable(ShardedTable):
                 slices = tf.gather(slices, ours, axis=1)  # (N, K, width)
                 out = tf.concat([slices[r, :, :w] for r, w in enumerate(widths)], 1)  # (K, dim)
             else:
-                mine = tf.gather(tf.pad(part, [[0, 0], [0, 1]]), tf.gather(tf.constant(place), me), axis=1)
+                mine = tf.gather(tf.pad(part, [[0, 0], [0, 1]]), tf.gather(tf.constant(self._place), me), axis=1)
                 out = tf.gather(context.all_reduce("sum", mine), ours)  # (K, dim)
 
             def grad(upstream: Any) -> tf.Tensor:

@@ -50,7 +50,6 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from kernels import checks
@@ -96,10 +95,6 @@ class GridShardedTable(ColumnShardedTable):
         owner = tf.math.floormod(every, groups)  # row group of every key
         mine = tf.where(tf.equal(owner, tf.cast(me // columns, tf.int64)))[:, 0]  # (M,) our row group's keys
         part = self._owned_vectors(tf.gather(every, mine), None, insert)  # (M, width)
-        place = np.full((self.num_shards, self.dim), self.width, np.int32)  # column c of the table in r's slice
-        for r in range(self.num_shards):
-            s, w = self.starts[r % columns], self.widths[r % columns]
-            place[r, s:s + w] = np.arange(w)
         if self.exchange == "all_gather":
             # replica r = (i, j) sends the slice j of row group i's keys in batch order; replicas
             # come in order, so slice j of position p is entry C * start[i] + j * sizes[i] + rank[p]
@@ -118,7 +113,7 @@ class GridShardedTable(ColumnShardedTable):
                 out = tf.concat([tf.gather(slices, entry + j * size)[:, :w] for j, w in enumerate(self.widths)],
                                 1)  # (K, dim)
             else:
-                spread = tf.gather(tf.pad(part, [[0, 0], [0, 1]]), tf.gather(tf.constant(place), me), axis=1)
+                spread = tf.gather(tf.pad(part, [[0, 0], [0, 1]]), tf.gather(tf.constant(self._place), me), axis=1)
                 full = tf.scatter_nd(mine[:, None], spread, tf.stack([total, self.dim]))
                 out = tf.gather(context.all_reduce("sum", full), ours)  # (K, dim)
 
