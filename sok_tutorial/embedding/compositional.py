@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.initializers import InitSpec, KeyedInitializer
 from sok_tutorial.embedding.layers import DistributedEmbedding
-from sok_tutorial.embedding.table import EmbeddingTable
+from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config
 
 OPERATIONS = ("mult", "add", "concat")
 _NOT_OPTIONS = ("use_hashtable", "sharding", "exchange", "slot_sizes", "max_vocabulary_size_per_gpu")
@@ -147,6 +147,7 @@ class ComposedEmbedding(DistributedEmbedding):
                 "vocabulary_size": self.vocabulary_size, "embedding_vec_size": self.embedding_vec_size,
                 "slot_num": self.slot_num, "max_nnz": self.max_nnz, "max_feature_num": self.max_feature_num,
                 "key_dtype": self.key_dtype, "sequence_output": self.sequence_output,
+                "optimizer": optimizer_config(self.table_optimizer),
                 "embedding_initializer": {"class_name": "KeyedInitializer", "config": init}}
 
 

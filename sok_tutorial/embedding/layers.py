@@ -48,7 +48,7 @@ from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
 from sok_tutorial.embedding.sharding import ShardedTable
-from sok_tutorial.embedding.table import EmbeddingTable
+from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config, optimizer_from_config
 
 
 class _EmbeddingBase(keras.layers.Layer):
@@ -59,7 +59,7 @@ class _EmbeddingBase(keras.layers.Layer):
         self.table_options = {name: kwargs.pop(name) for name in (*lifecycle.OPTIONS, *precision.OPTIONS)
                               if name in kwargs}
         super().__init__(**kwargs)
-        self.table_optimizer = optimizer
+        self.table_optimizer = optimizer_from_config(optimizer)
         self.sharding = checks.one_of("sharding", sharding, SHARDINGS)
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -129,6 +129,7 @@ class _EmbeddingBase(keras.layers.Layer):
                 "embedding_vec_size": self.embedding_vec_size, "use_hashtable": self.use_hashtable,
                 "key_dtype": self.key_dtype, "sharding": self.sharding, "exchange": self.exchange,
                 "slot_sizes": self.slot_sizes, "column_shards": self.column_shards, **self.table_options,
+                "optimizer": optimizer_config(self.table_optimizer),
                 "embedding_initializer": {"class_name": "KeyedInitializer",
                                           "config": KeyedInitializer(self.init.kind, self.init.a, self.init.b,
                                                                      self.init.seed).get_config()}}

@@ -33,6 +33,8 @@ Example:
 """
 from __future__ import annotations
 
+import copy
+import importlib
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +62,19 @@ def table_of(variable: Any) -> EmbeddingTable | None:
     """The table owning `variable` (its Keras variable, the tf.Variable behind it, or a replica's
     component of it), or None for any other variable."""
     return _OWNERS.get(id(variable))
+
+
+def optimizer_config(optimizer: Any) -> dict[str, Any] | None:
+    """A table's own optimizer as Keras serialises it (its hyperparameters, not its slots)."""
+    return None if optimizer is None else keras.saving.serialize_keras_object(optimizer)
+
+
+def optimizer_from_config(optimizer: Any) -> Any:
+    """The optimizer of `optimizer_config` again (anything else passes through unchanged)."""
+    if not isinstance(optimizer, dict):
+        return optimizer
+    importlib.import_module("sok_tutorial.optimizers")  # registers the sparse optimizers with Keras
+    return keras.saving.deserialize_keras_object(copy.deepcopy(optimizer))  # Keras edits what it reads
 
 
 def tables_of(model: Any) -> list[EmbeddingTable]:
@@ -108,7 +123,7 @@ class EmbeddingTable(keras.layers.Layer):
                  **kwargs: Any):
         super().__init__(**kwargs)
         self.precision = Precision.create(self.name, storage_dtype, stochastic_rounding, slot_dtype)
-        self.optimizer = optimizer
+        self.optimizer = optimizer_from_config(optimizer)
         self.capacity = checks.positive_int("capacity", capacity)
         self.dim = checks.positive_int("dim", dim)
         self.dynamic = bool(dynamic)
@@ -413,4 +428,5 @@ class EmbeddingTable(keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), **self.lifecycle.config(), **self.precision.config(),
                 "capacity": self.capacity, "dim": self.dim, "dynamic": self.dynamic,
+                "optimizer": optimizer_config(self.optimizer),
                 "initializer": {"class_name": "KeyedInitializer", "config": self._initializer().get_config()}}

@@ -9,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from sok_tutorial import optimizers  # noqa: E402
-from sok_tutorial.embedding import EmbeddingTable  # noqa: E402
+from sok_tutorial.embedding import EmbeddingTable, QREmbedding  # noqa: E402
 from sok_tutorial.training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 
 ROWS, DIM, BATCH, STEPS = 30, 4, 16, 5
@@ -179,6 +179,25 @@ def test_the_sok_layers_optimizer_argument_gives_their_table_its_own():
     optimizers.SGD(1.0).apply([grad], [layer.embedding_variable])
     optimizers.Ftrl(0.1).apply([grad], [alone.variable])
     np.testing.assert_array_equal(layer.embedding_variable.numpy(), alone.variable.numpy())
+
+
+def test_a_tables_own_optimizer_survives_get_config():
+    """Saved with its layer's config (its hyperparameters and schedule, as Keras serialises an
+    optimizer), it comes back as an optimizer of the same kind for the clone's table."""
+    import sok_tutorial as sok
+
+    layers = [EmbeddingTable(ROWS, DIM, dynamic=False, optimizer=_ftrl()),
+              sok.DistributedEmbedding("sum", 50, 4, slot_num=2, max_nnz=1, optimizer=optimizers.Adam(0.05)),
+              QREmbedding("sum", 50, 4, slot_num=2, max_nnz=1, optimizer=optimizers.Adagrad(0.3))]
+    for layer in layers:
+        config = layer.get_config()
+        clone = type(layer).from_config(config)
+        mine = layer.optimizer if isinstance(layer, EmbeddingTable) else layer.table_optimizer
+        theirs = clone.optimizer if isinstance(clone, EmbeddingTable) else clone.table_optimizer
+        assert type(theirs) is type(mine) and theirs is not mine
+        assert theirs.get_config() == mine.get_config()
+        assert clone.get_config() == config
+    assert EmbeddingTable.from_config(EmbeddingTable(ROWS, DIM).get_config()).optimizer is None
 
 
 def _fit_row_sharded(strategy, own: bool) -> dict[int, np.ndarray]:
