@@ -4,6 +4,8 @@
 Cases (rows/s and peak RSS, each in its own process, interleaved over --repeat rounds):
 
     raw_decode                 pyarrow reading every file (pq.read_table): the decode ceiling
+    decode_row_groups          pyarrow decoding every row group, one per thread in the loader's
+                               number of read threads: the loader's own decode, nothing else
     parquet_loader             ParquetLoader, shuffle on
     parquet_loader_noshuffle   ParquetLoader, shuffle off
     parquet_loader_hashbucket  ParquetLoader, shuffle on, HashBucket on the 26 categoricals
@@ -21,12 +23,15 @@ pq.read_table, ``small_files/parquet_loader`` shuffles, ``.../parquet_loader_nos
 Every case also reports the CPU seconds it used per wall second (``cores_busy``), and a
 ``profile`` child times the loader's stages one after another on one thread, on each workload
 (pyarrow's own decode of the row groups, our conversion of them to checked NumPy columns, concat,
-the per-batch gather, the hand-over to TensorFlow): where an epoch's CPU time goes. Beside
-them, bare NumPy on the same chunks: one sequential copy of every column and one take of every
-column in a random order, the least any loader pays to hand over its own buffers, and to shuffle
-rows. Both cores are busy in raw_decode, so wall time follows CPU time: raw_decode's CPU seconds
-over pyarrow's decode alone (and over decode plus the bare permuted take) is the best ratio a
-loader can reach unshuffled (shuffled); the notes call it ``ceiling_vs_raw_decode``.
+the per-batch gather, the hand-over to TensorFlow): where an epoch's CPU time goes. Beside them,
+bare NumPy on the same chunks: one sequential copy of every column and one take of every column
+in a random order, the least any loader pays to hand over its own buffers, and to shuffle rows.
+Both cores are busy in raw_decode, so wall time follows CPU time: raw_decode's CPU seconds over
+pyarrow's decode alone (and over decode plus the bare permuted take) is the best ratio a loader
+can reach unshuffled (shuffled); the notes call it ``ceiling_vs_raw_decode``. The same child then
+clocks the stages inside the loader's own threads over a few shuffled epochs, with the
+core-seconds no thread used (``profile_threaded_core_s_per_million_rows``): the loader's whole
+wall time, split into pyarrow's decode, our stages, and idle cores.
 
     python benchmarks/loader.py [--quick] [--rows N] [--batch-size B] [--out build/bench]
 """
@@ -46,10 +51,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import _bench  # noqa: E402
 
-CASES = ["raw_decode", "parquet_loader", "parquet_loader_noshuffle", "parquet_loader_hashbucket",
+CASES = ["raw_decode", "decode_row_groups", "parquet_loader", "parquet_loader_noshuffle", "parquet_loader_hashbucket",
          "tfrecord_native", "pandas_from_tensor_slices"]
 TRAIN_CASES = ["train_loader", "train_memory"]
-SMALL_CASES = ["small_files/raw_decode", "small_files/parquet_loader", "small_files/parquet_loader_noshuffle"]
+SMALL_CASES = ["small_files/raw_decode", "small_files/decode_row_groups", "small_files/parquet_loader",
+               "small_files/parquet_loader_noshuffle"]
 SMALL_EPOCHS = 3
 PROFILES = ["profile/default", "profile/small_files"]
 SHUFFLE_BUFFER = 65_536
@@ -93,6 +99,31 @@ def write_small_files(out: Path, files: int = 4, rows: int = 250_000, row_group:
     marker.touch()
 
 
+def decode_row_groups(files: list[Path]) -> int:
+    """pyarrow decoding every row group of `files` as the loader's read threads do (one row group
+    per call, in as many threads), and nothing more: the loader's decode without the loader."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    from data_gen.criteo import CAT_NAMES, CONT_NAMES
+    from sok_tutorial.data.loader_base import _DECODE_WORKERS
+
+    local = threading.local()
+    names = ["label", *CONT_NAMES, *CAT_NAMES]
+
+    def read(job: tuple[int, int]) -> int:
+        handles = local.__dict__.setdefault("handles", {})
+        if job[0] not in handles:
+            handles[job[0]] = pq.ParquetFile(files[job[0]])
+        return handles[job[0]].read_row_group(job[1], columns=names, use_threads=False).num_rows
+
+    jobs = [(i, g) for i, f in enumerate(files) for g in range(pq.ParquetFile(f).metadata.num_row_groups)]
+    with ThreadPoolExecutor(_DECODE_WORKERS) as pool:
+        return sum(pool.map(read, jobs))
+
+
 def run_small(case: str, data: Path, batch: int) -> dict:
     """One small_files case: SMALL_EPOCHS epochs in this process, the median epoch (rows, seconds)."""
     import pyarrow.parquet as pq
@@ -104,6 +135,9 @@ def run_small(case: str, data: Path, batch: int) -> dict:
     if kind == "raw_decode":
         def epoch() -> int:
             return sum(pq.read_table(f, columns=["label", *CONT_NAMES, *CAT_NAMES]).num_rows for f in files)
+    elif kind == "decode_row_groups":
+        def epoch() -> int:
+            return decode_row_groups(files)
     else:
         from sok_tutorial.data import ParquetLoader
         loader = ParquetLoader(files, batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES,
@@ -130,7 +164,7 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
     from sok_tutorial.data.schema import resolve_files
 
     files = resolve_files(data / "criteo")
-    if case != "raw_decode":
+    if case not in ("raw_decode", "decode_row_groups"):
         from sok_tutorial.data import HashBucket, ParquetLoader
 
     def loader(**kw):
@@ -145,6 +179,9 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
     if case == "raw_decode":
         def one_pass() -> int:
             return sum(pq.read_table(f, columns=["label", *CONT_NAMES, *CAT_NAMES]).num_rows for f in files)
+    elif case == "decode_row_groups":
+        def one_pass() -> int:
+            return decode_row_groups(files)
     elif case.startswith("parquet_loader"):
         kw = {"parquet_loader": {}, "parquet_loader_noshuffle": {"shuffle": False},
               "parquet_loader_hashbucket": {"transforms": [HashBucket(10_000)]}}[case]
@@ -257,7 +294,52 @@ def profile(data: Path, batch: int, workload: str) -> dict:
     # read_segment's time includes pyarrow's decode (a second, warmer one: null-free columns are
     # zero-copy views, so the difference can come out a little below zero)
     stages["to_numpy"] = max(0.0, stages["to_numpy"] - stages["pyarrow"])
-    return {"rows": rows, "stages": stages, "floors": floors}
+    return {"rows": rows, "stages": stages, "floors": floors, "threaded": threaded(it)}
+
+
+def threaded(it) -> dict:
+    """Where the CPU goes when the loader runs as it does for users: its own threads, shuffling,
+    over SMALL_EPOCHS epochs. Each stage is clocked with its thread's CPU time (pyarrow's decode
+    of a row group; the rest of reading it into checked NumPy columns; the batch gathers; the
+    hand-over to TensorFlow); ``other`` is the rest of the process's CPU time (permutations,
+    queues, the Python between the stages) and ``idle`` the core-seconds no thread used
+    (``cores * wall - CPU``)."""
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from sok_tutorial.data import columns as cols
+    from sok_tutorial.data import loader_base
+
+    spent = dict.fromkeys(["pyarrow", "to_numpy", "gather", "hand_over"], 0.0)
+    lock = threading.Lock()
+
+    def clocked(stage: str, fn):
+        def run(*args, **kwargs):
+            start = time.thread_time()
+            out = fn(*args, **kwargs)
+            with lock:
+                spent[stage] += time.thread_time() - start
+            return out
+        return run
+
+    patches = [(pq.ParquetFile, "read_row_group"), (loader_base.LoaderCore, "read_segment"), (cols, "gather")]
+    saved = [getattr(owner, name) for owner, name in patches]
+    for (owner, name), fn, stage in zip(patches, saved, ["pyarrow", "to_numpy", "gather"]):
+        setattr(owner, name, clocked(stage, fn))
+    convert = clocked("hand_over", it._to_tf)
+    try:
+        rows, start, cpu = 0, time.perf_counter(), time.process_time()
+        for _ in range(SMALL_EPOCHS):
+            rows += sum(int(labels.shape[0]) for _, labels in it.core.iterate(convert, prefetch=it.prefetch))
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    finally:
+        for (owner, name), fn in zip(patches, saved):
+            setattr(owner, name, fn)
+    spent["to_numpy"] -= spent["pyarrow"]  # read_segment's clock includes pyarrow's
+    spent["other"] = cpu - sum(spent.values())
+    spent["idle"] = (os.cpu_count() or 1) * wall - cpu
+    return {"rows": rows, "seconds": wall, "cpu_seconds": cpu, "stages": spent}
 
 
 def train(case: str, loader, steps: int) -> dict:
@@ -381,6 +463,10 @@ def main() -> None:
              "small_files": {"rows": results[SMALL_CASES[0]][0]["rows"], "files": 4, "row_groups_per_file": 4,
                              "epochs_per_process": SMALL_EPOCHS},
              "goals": {k: {"goal": g, "measured": round(m, 3)} for k, (g, m) in goals.items()},
+             # how much of the loader's own decode speed survives shuffling and batching
+             "parquet_loader_vs_decode_row_groups": {
+                 "default": round(by["parquet_loader"] / by["decode_row_groups"], 3),
+                 "small_files": round(by["small_files/parquet_loader"] / by["small_files/decode_row_groups"], 3)},
              "profile_cpu_s_per_million_rows": {}, "profile_share": {}}
     lines = []
     for workload, raw_case in (("default", "raw_decode"), ("small_files", "small_files/raw_decode")):
@@ -396,6 +482,12 @@ def main() -> None:
             "raw_decode": round(raw_cpu, 4), **{f"loader_{name}": round(v, 4) for name, v in stages.items()},
             "loader_total": round(total, 4), **{f"floor_{name}": round(v, 4) for name, v in floors.items()}}
         notes["profile_share"][workload] = {name: round(v / total, 3) for name, v in stages.items()}
+        threaded_ = {name: _bench.median([p["threaded"]["stages"][name] / p["threaded"]["rows"] * 1e6 for p in runs])
+                     for name in runs[0]["threaded"]["stages"]}
+        notes.setdefault("profile_threaded_core_s_per_million_rows", {})[workload] = {
+            **{k: round(v, 4) for k, v in threaded_.items()}, "total": round(sum(threaded_.values()), 4),
+            "raw_decode_total": round(_bench.median([(os.cpu_count() or 1) * r["seconds"] / r["rows"] * 1e6
+                                                     for r in results[raw_case]]), 4)}
         # on two busy cores wall time follows CPU time: the best ratio a loader can reach when it
         # pays pyarrow's decode of the row groups and, shuffling, one permuted copy of every value
         notes.setdefault("ceiling_vs_raw_decode", {})[workload] = {
@@ -407,6 +499,10 @@ def main() -> None:
                      f"{floors['numpy_copy']:.3f}, permuted take {floors['numpy_take']:.3f}; ceiling vs raw_decode: "
                      f"{notes['ceiling_vs_raw_decode'][workload]['decode_only']:.2f} unshuffled, "
                      f"{notes['ceiling_vs_raw_decode'][workload]['decode_and_permuted_copy']:.2f} shuffled")
+        raw_total = notes["profile_threaded_core_s_per_million_rows"][workload]["raw_decode_total"]
+        lines.append(f"{workload} loader in its own threads, core-seconds per million rows: "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in threaded_.items())
+                     + f"; raw_decode {raw_total:.3f} (cores x wall)")
     _bench.report("loader", table, args.out, notes=notes)
     print("\n".join(lines))
     for name, goal in notes["goals"].items():
