@@ -34,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import copy
-import importlib
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -73,8 +72,12 @@ def optimizer_from_config(optimizer: Any) -> Any:
     """The optimizer of `optimizer_config` again (anything else passes through unchanged)."""
     if not isinstance(optimizer, dict):
         return optimizer
-    importlib.import_module("sok_tutorial.optimizers")  # registers the sparse optimizers with Keras
-    return keras.saving.deserialize_keras_object(copy.deepcopy(optimizer))  # Keras edits what it reads
+    try:
+        return keras.saving.deserialize_keras_object(copy.deepcopy(optimizer))  # Keras edits what it reads
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"optimizer={optimizer.get('class_name')!r} could not be rebuilt from its config: "
+                        "import sok_tutorial.optimizers (which registers the sparse optimizers with Keras) "
+                        f"before from_config or load_model ({exc})") from exc
 
 
 def tables_of(model: Any) -> list[EmbeddingTable]:

@@ -198,6 +198,10 @@ def test_a_tables_own_optimizer_survives_get_config():
         assert theirs.get_config() == mine.get_config()
         assert clone.get_config() == config
     assert EmbeddingTable.from_config(EmbeddingTable(ROWS, DIM).get_config()).optimizer is None
+    unknown = {**config, "optimizer": {"module": "sok_tutorial.optimizers", "class_name": "Nadam2",
+                                       "config": {}, "registered_name": "sok_tutorial>Nadam2"}}
+    with pytest.raises(TypeError, match=r"optimizer='Nadam2' could not be rebuilt.*import sok_tutorial.optimizers"):
+        type(layer).from_config(unknown)
 
 
 def _fit_row_sharded(strategy, own: bool) -> dict[int, np.ndarray]:
