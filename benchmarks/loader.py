@@ -99,6 +99,13 @@ def write_small_files(out: Path, files: int = 4, rows: int = 250_000, row_group:
     marker.touch()
 
 
+def columns() -> list[str]:
+    """The columns every case reads: the label, the 13 continuous and the 26 categorical ones."""
+    from data_gen.criteo import CAT_NAMES, CONT_NAMES
+
+    return ["label", *CONT_NAMES, *CAT_NAMES]
+
+
 def decode_row_groups(files: list[Path]) -> int:
     """pyarrow decoding every row group of `files` as the loader's read threads do (one row group
     per call, in as many threads), and nothing more: the loader's decode without the loader."""
@@ -107,11 +114,10 @@ def decode_row_groups(files: list[Path]) -> int:
 
     import pyarrow.parquet as pq
 
-    from data_gen.criteo import CAT_NAMES, CONT_NAMES
     from sok_tutorial.data.loader_base import _DECODE_WORKERS
 
     local = threading.local()
-    names = ["label", *CONT_NAMES, *CAT_NAMES]
+    names = columns()
 
     def read(job: tuple[int, int]) -> int:
         handles = local.__dict__.setdefault("handles", {})
@@ -133,8 +139,10 @@ def run_small(case: str, data: Path, batch: int) -> dict:
     files = sorted((data / "small_files").glob("*.parquet"))
     kind = case.split("/", 1)[1]
     if kind == "raw_decode":
+        names = columns()
+
         def epoch() -> int:
-            return sum(pq.read_table(f, columns=["label", *CONT_NAMES, *CAT_NAMES]).num_rows for f in files)
+            return sum(pq.read_table(f, columns=names).num_rows for f in files)
     elif kind == "decode_row_groups":
         def epoch() -> int:
             return decode_row_groups(files)
@@ -177,8 +185,10 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
     if case in TRAIN_CASES:
         return train(case, loader(), steps)
     if case == "raw_decode":
+        names = columns()
+
         def one_pass() -> int:
-            return sum(pq.read_table(f, columns=["label", *CONT_NAMES, *CAT_NAMES]).num_rows for f in files)
+            return sum(pq.read_table(f, columns=names).num_rows for f in files)
     elif case == "decode_row_groups":
         def one_pass() -> int:
             return decode_row_groups(files)
