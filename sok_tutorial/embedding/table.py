@@ -7,7 +7,8 @@ error) or any int64 (``dynamic=True``: the in-graph index of `sok_tutorial.embed
 gives a key a row on first sight). The SOK layers flatten keys, ask their table for vectors and
 combine them; sharding is `sok_tutorial.embedding.sharding.ShardedTable`, the same object split
 over replicas; checkpoints, export, summaries and the training cache use the public methods
-below. `tables_of` finds a model's tables, `table_of` the table owning a variable (how the
+below and, for rows by key (export, check, restore, read, write), those of
+`sok_tutorial.embedding.table_rows.RowsByKey`. `tables_of` finds a model's tables, `table_of` the table owning a variable (how the
 sparse optimizers recognise tables).
 
 A lookup, in TensorFlow ops (no Python in the graph)::
@@ -35,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -52,7 +52,8 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
-from sok_tutorial.embedding.precision import Precision, compute_dtype, widen
+from sok_tutorial.embedding.precision import Precision, compute_dtype
+from sok_tutorial.embedding.table_rows import RowsByKey
 
 _OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
 
@@ -89,7 +90,7 @@ def tables_of(model: Any) -> list[EmbeddingTable]:
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
-class EmbeddingTable(keras.layers.Layer):
+class EmbeddingTable(RowsByKey, keras.layers.Layer):
     """An embedding table: int keys (any shape) -> vectors (``keys.shape + [dim]``).
 
     Args:
@@ -305,128 +306,6 @@ class EmbeddingTable(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape: Any) -> tuple:
         return (*input_shape, self.dim)
-
-    # ------------------------------------------------------------------ rows by key, out and in
-    def _keys_and_rows(self, component: int) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, rows) in use in one local shard (component)."""
-        if not self.indexed:
-            rows = np.arange(self.capacity, dtype=np.int64)
-            return rows * self.num_shards + self.local_shards[component], rows
-        index = self.index_variables(component)
-        rows = lifecycle.live_rows(self, component)
-        return tf.gather(index.row_keys, rows).numpy(), rows
-
-    def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
-        return [widen(tf.gather(local_components(v)[component], rows)).numpy() for v in variables]  # float32
-
-    def export(self, optimizer: Any = None, since: int | None = None) -> dict[str, np.ndarray]:
-        """Every row in use by key: ``keys``, ``vectors`` and ``slot_<j>`` (each variable of
-        `optimizer_slots`), plus ``shard`` (the replica holding each key) and ``key_slots`` (the
-        layer slot of each key, table-wise placement; -1 otherwise); a table that tracks changes
-        adds ``marks`` (LFU: ``counts``). `since`: only the rows changed after that mark."""
-        slots = self.optimizer_slots(optimizer)
-        parts = []
-        for component, shard in enumerate(self.local_shards):
-            keys, rows = self._keys_and_rows(component)
-            if since is not None:
-                keep = np.isin(rows, lifecycle.changed_since(self, since))
-                keys, rows = keys[keep], rows[keep]
-            values = self._gather([self.variable, *slots], component, rows)
-            part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
-                    "key_slots": self._key_slots(component, rows)}
-            part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
-            if self.lifecycle.track_changes:
-                part["marks"] = self._row_seen.numpy()[rows]
-            if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = self._row_count.numpy()[rows]
-            parts.append(part)
-        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-
-    def _key_slots(self, component: int, rows: np.ndarray) -> np.ndarray:
-        return np.full(len(rows), -1, np.int64)
-
-    def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
-        """(keys, [vectors, slot_0, ...], the variables they go to), after checking everything."""
-        keys = np.asarray(arrays["keys"])
-        if keys.dtype.kind not in "iu" or keys.ndim != 1:
-            raise ValueError(f"{self.name}: keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        keys = keys.astype(np.int64)
-        variables = [self.variable, *self.optimizer_slots(optimizer)]
-        names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
-        values = []
-        for name, variable in zip(names, variables):
-            want = (len(keys), *variable.shape[1:])
-            value = np.asarray(arrays[name]) if name in arrays else \
-                np.zeros(want, compute_dtype(variable.dtype).as_numpy_dtype)
-            if value.shape != want:
-                raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (rows of "
-                                 f"{variable.path})")
-            values.append(value)
-        if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()) and len(np.unique(keys)) != len(keys):
-            raise ValueError(f"{self.name}: keys repeat")  # (keys in increasing order are distinct)
-        return keys, values, variables
-
-    def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
-        """Raise ValueError, naming what differs, if `restore` could not load `arrays`; with
-        ``fit=False`` only the shapes of the rows (their keys may not fit this table)."""
-        keys, _, _ = self._checked(arrays, optimizer)
-        if fit:
-            self._check_fit(keys)
-
-    def _check_fit(self, keys: np.ndarray) -> None:
-        if self.indexed and len(keys) > self.capacity:
-            raise ValueError(f"{self.name}: {len(keys):,} keys do not fit max_vocabulary_size_per_gpu="
-                             f"{self.capacity:,} rows")
-        if not self.indexed and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity):
-            raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
-                             f"[0, {self.capacity})")
-
-    def restore(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
-        """Load rows by key, as `export` writes them: a dynamic table takes rows ``0 .. n-1`` in the
-        order given and keeps assigning new keys from ``n``; a table of row ids takes each key's row.
-        Everything is checked (`check`) before anything is written."""
-        keys, values, variables = self._checked(arrays, optimizer)
-        self._check_fit(keys)
-        self._assign(0, keys, values, variables)
-        if self.lifecycle.active:
-            lifecycle.reset(self, arrays.get("marks"), arrays.get("counts"))
-
-    def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
-        """Write `keys` and their rows into one local shard (rebuilding its index)."""
-        if self.indexed:
-            index = self.index_variables(component)
-            index.slot_rows.assign(tf.fill(index.slot_rows.shape, tf.constant(-1, tf.int64)))
-            index.size.assign(0)
-            key_index.lookup_or_insert(index, tf.constant(keys), self.capacity, self.name)
-            rows = np.arange(len(keys), dtype=np.int64)
-        else:
-            rows = self._local_rows(keys)
-        for j, (variable, value) in enumerate(zip(variables, values)):
-            target = local_components(variable)[component]
-            keep = j == 0 and not self.indexed  # rows of a static table outside `keys` keep their values
-            full = target.numpy() if keep else np.zeros(target.shape, target.dtype.as_numpy_dtype)
-            full[rows] = value
-            target.assign(full)
-
-    def _local_rows(self, keys: np.ndarray) -> np.ndarray:
-        return keys
-
-    def read(self, keys: Any, optimizer: Any = None) -> dict[str, np.ndarray]:
-        """``vectors`` and ``slot_<j>`` of `keys` (present keys of a one-shard table)."""
-        keys = tf.constant(np.asarray(keys, np.int64))
-        rows, found = self.rows(keys, insert=False) if self.indexed else (keys, None)
-        if found is not None and not bool(tf.reduce_all(found)):
-            raise KeyError(f"{self.name}: {int(tf.reduce_sum(1 - tf.cast(found, tf.int32)))} keys have no row")
-        variables = [self.variable, *self.optimizer_slots(optimizer)]
-        values = [widen(tf.gather(v.value, rows)).numpy() for v in variables]
-        return dict(zip(["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)], values))
-
-    def write(self, keys: Any, arrays: dict[str, Any], optimizer: Any = None) -> None:
-        """Set the rows of `keys` (a dynamic table gives new keys rows): ``vectors`` and ``slot_<j>``."""
-        keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
-        rows = self.rows(tf.constant(keys), insert=True, admission=False)[0]
-        for variable, value in zip(variables, values):
-            variable.value.scatter_update(tf.IndexedSlices(tf.cast(tf.constant(value), variable.dtype), rows))
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), **self.lifecycle.config(), **self.precision.config(),
