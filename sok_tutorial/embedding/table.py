@@ -8,8 +8,8 @@ gives a key a row on first sight). The SOK layers flatten keys, ask their table 
 combine them; sharding is `sok_tutorial.embedding.sharding.ShardedTable`, the same object split
 over replicas; checkpoints, export, summaries and the training cache use the public methods
 below and, for rows by key (export, check, restore, read, write), those of
-`sok_tutorial.embedding.table_rows.RowsByKey`. `tables_of` finds a model's tables, `table_of` the table owning a variable (how the
-sparse optimizers recognise tables).
+`sok_tutorial.embedding.table_rows.RowsByKey`. `tables_of` finds a model's tables, `table_of`
+the table owning a variable (how the sparse optimizers recognise tables).
 
 A lookup, in TensorFlow ops (no Python in the graph)::
 
