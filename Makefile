@@ -5,11 +5,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 BUILD  := build
 
-.PHONY: help tutorial test bench lab info clean lock
+.PHONY: help tutorial test test-all bench lab info clean lock
 
 help:
 	@echo "make tutorial  run every notebook at tutorial size into $(BUILD)/"
-	@echo "make test      run the test suite (notebooks at smoke size included)"
+	@echo "make test      the fast tier: every behaviour once, each notebook once at a tiny size (~5 min)"
+	@echo "make test-all  everything: adds slow and multiprocess tests, hypothesis's ci profile, coverage"
 	@echo "make bench     run benchmarks/*.py, tables on stdout, JSON in $(BUILD)/bench/"
 	@echo "make lab       JupyterLab on notebooks/ with the sok-tutorial kernel"
 	@echo "make info      versions, devices and which GPU libraries are usable"
@@ -24,8 +25,17 @@ $(STAMP): pyproject.toml constraints.txt
 tutorial: $(STAMP)
 	$(PY) notebooks/run_all.py --build-dir $(BUILD)
 
+# Tiers by marker (pyproject.toml): the fast tier leaves out `slow` and `multiprocess`. Tests run in
+# WORKERS processes (pytest-xdist), a file's tests in one of them: a module's fixtures (the worker
+# cluster of tests/distribute/test_model_parallel.py) are set up once.
+WORKERS ?= 2
+PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=25
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PYTEST) -m "not slow and not multiprocess"
+
+test-all: $(STAMP)
+	$(PYTEST) --hypothesis-profile=ci --cov=sok_tutorial --cov=data_gen --cov-report=term:skip-covered
 
 bench: $(STAMP)
 	@mkdir -p $(BUILD)/bench

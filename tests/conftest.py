@@ -1,12 +1,20 @@
 """Shared fixtures. Tests marked ``gpu`` are skipped without a usable GPU; where one is visible
-they first assert it really is there, so a CPU runner can never pass them by accident."""
+they first assert it really is there, so a CPU runner can never pass them by accident.
+
+Hypothesis draws few examples by default (profile ``dev``, for ``make test``) and many under
+``--hypothesis-profile=ci`` (``make test-all``); the tests themselves set no example counts."""
 from __future__ import annotations
 
 import os
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+settings.register_profile("dev", max_examples=25, deadline=None)
+settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("dev")
 
 
 LOGICAL_CPUS = 4

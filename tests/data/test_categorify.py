@@ -4,13 +4,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sok_tutorial.data.categorify import OOV, Categorify, get_embedding_sizes
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), min_size=1, max_size=200),
        st.integers(0, 3))
 def test_ids_match_a_frequency_ordered_dict(values, threshold):

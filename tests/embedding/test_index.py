@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 tf = pytest.importorskip("tensorflow")
@@ -32,7 +32,6 @@ def _check_layout(index: IndexVariables) -> None:
         assert (slot_rows[path] >= 0).all()
 
 
-@settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(int64s, unique=True, max_size=30), max_size=6))
 def test_lookup_or_insert_matches_a_dict(batches):
     """Eager calls (the same ops as in a graph, without tracing a function per example)."""

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kernels.hash_bucket import hash_bucket, hash_bucket_cuda, hash_bucket_numpy
@@ -23,7 +23,6 @@ def reference(key: int, num_buckets: int, seed: int) -> int:
 int64s = st.integers(-(2**63), 2**63 - 1)
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.lists(int64s, min_size=0, max_size=300), st.integers(1, 2**32 - 1), st.integers(0, 2**64 - 1))
 def test_matches_plain_python(keys, num_buckets, seed):
     got = hash_bucket(np.array(keys, dtype=np.int64), num_buckets, seed)

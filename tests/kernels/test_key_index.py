@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kernels.key_index import DENSE_FACTOR, KeyIndex
@@ -21,7 +21,6 @@ def both_paths(index: KeyIndex) -> list[KeyIndex]:
     return [index, sparse]
 
 
-@settings(max_examples=300, deadline=None)
 @given(st.lists(int64s, unique=True, max_size=40), st.data())
 def test_matches_a_dict(keys, data):
     ids = data.draw(st.one_of(st.none(), st.lists(st.integers(0, 2**40), min_size=len(keys), max_size=len(keys))))
@@ -36,7 +35,6 @@ def test_matches_a_dict(keys, data):
     assert index.keys.tolist() == sorted(keys)
 
 
-@settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(int64s, unique=True, max_size=15), max_size=5))
 def test_inserts_match_a_dict_and_leave_the_old_index_alone(batches):
     index, reference, snapshots = KeyIndex(np.zeros(0, np.int64)), {}, []

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kernels import ragged
@@ -19,7 +19,6 @@ def _rows(values, offsets):
     return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
 
 
-@settings(max_examples=150, deadline=None)
 @given(rows_strategy, st.data())
 def test_take_matches_list_indexing(rows, data):
     pick = data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=60))
@@ -28,7 +27,6 @@ def test_take_matches_list_indexing(rows, data):
     assert _rows(*got) == [rows[i] for i in pick]
 
 
-@settings(max_examples=100, deadline=None)
 @given(rows_strategy, st.integers(1, 7))
 def test_dense_truncate_slice_concat(rows, width):
     values, offsets = _csr(rows)
