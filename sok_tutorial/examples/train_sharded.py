@@ -77,15 +77,30 @@ def main(argv: list[str] | None = None) -> int:
     context = sok.Init(global_batch_size=args.global_batch_size, strategy=strategy)
     rank = int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
     for case in args.case or [""]:
-        settings = argparse.Namespace(**vars(args))
-        for item in filter(None, case.split(",")):
-            key, _, value = item.partition("=")
-            if not hasattr(settings, key.replace("-", "_")):
-                raise SystemExit(f"--case {case!r}: unknown setting {key!r}")
-            old = getattr(settings, key.replace("-", "_"))
-            setattr(settings, key.replace("-", "_"), value == "1" if isinstance(old, bool) else type(old)(value))
-        train(settings, strategy, context, rank, tag=case.replace(",", "_").replace("=", "-") or "run")
+        train(case_settings(args, case), strategy, context, rank, tag=case_tag(case))
     return 0
+
+
+def case_settings(args: argparse.Namespace, case: str) -> argparse.Namespace:
+    """`args` with the settings of one ``--case`` (``"sharding=table,static=1"``) applied.
+
+    Example:
+        >>> case_settings(parse([]), "sharding=table,static=1,dim=4").sharding
+        'table'
+    """
+    settings = argparse.Namespace(**vars(args))
+    for item in filter(None, case.split(",")):
+        key, _, value = item.partition("=")
+        if not hasattr(settings, key.replace("-", "_")):
+            raise SystemExit(f"--case {case!r}: unknown setting {key!r}")
+        old = getattr(settings, key.replace("-", "_"))
+        setattr(settings, key.replace("-", "_"), value == "1" if isinstance(old, bool) else type(old)(value))
+    return settings
+
+
+def case_tag(case: str) -> str:
+    """The name of a case's output files: ``sharding=row,static=1`` -> ``sharding-row_static-1``."""
+    return case.replace(",", "_").replace("=", "-") or "run"
 
 
 def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag: str) -> dict[str, Any]:

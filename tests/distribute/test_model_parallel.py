@@ -1,10 +1,14 @@
-"""Model-parallel tables equal one device: the same global batches on N = 1, 2, 4 replicas
-(logical CPU devices, one process each) and on 2 worker processes give the same per-step
-losses and the same table rows, for the row-, table-, column-wise and grid shardings, both
-combiners, SGD, Adam and LazyAdam.
+"""Model-parallel tables equal one device: the same global batches on N = 1, 2, 4 replicas and on
+2 worker processes give the same per-step losses and the same table rows, for the row-, table-,
+column-wise and grid shardings, both combiners, SGD, Adam and LazyAdam, and checkpoints move
+between replica counts.
 
-The runs are `sok_tutorial.examples.train_sharded` processes (a process can hold only one
-replica count: TF's collective group keys clash across strategies of different sizes).
+Every run is `sok_tutorial.examples.train_sharded.train`:
+- in this process (the fast tier), on 1, 2 and 4 logical CPU replicas (``strategy_of``);
+- as 2 worker processes through the launcher (``multiprocess``): one launcher run trains three
+  cases and saves a checkpoint, which this process restores on 1 replica;
+- the launcher's failure paths (``slow``): a worker that dies, one started by hand whose peer
+  dies, one whose peer never starts; each must end within its deadline, not hang.
 """
 from __future__ import annotations
 
@@ -12,12 +16,12 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from sok_tutorial.examples.train_sharded import case_settings, case_tag, parse
 from sok_tutorial.launch import worker_environments
 
 CASES = ["sharding=row,combiner=sum,optimizer=sgd",
@@ -31,67 +35,103 @@ COLUMN = ["sharding=column,optimizer=adam,dim=6",  # slices 3 + 3 on 2 replicas,
           "sharding=column,optimizer=lazyadam,exchange=all_reduce"]
 GRID = ["sharding=row_column,optimizer=lazyadam,dim=5",  # 2 x 2 on 4 replicas: slices 3 + 2
         "sharding=row_column,static=1,optimizer=sgd,exchange=all_reduce"]
-RUNS = {  # name -> (replicas or "workers:N", cases)
-    "n1": (1, CASES + COLUMN + GRID), "n2": (2, CASES + COLUMN), "n4": (4, CASES[:4] + COLUMN + GRID),
-    "workers2": ("workers:2", [CASES[0], CASES[1], CASES[3]])}
-MODULE = [sys.executable, "-m", "sok_tutorial.examples.train_sharded", "--steps", "6"]
+# Each layout on 2 and on 4 replicas, each option once in the fast tier; the rest of the matrix is slow.
+FAST = {2: [CASES[0], CASES[2], CASES[4], CASES[5], COLUMN[1]], 4: [CASES[1], CASES[3], COLUMN[0], COLUMN[2], *GRID]}
+IN_PROCESS = [pytest.param(n, c, marks=() if c in FAST[n] else pytest.mark.slow)
+              for n, cases in {2: CASES + COLUMN, 4: CASES[:4] + COLUMN + GRID}.items() for c in cases]
+WORKER_CASES = [CASES[0], CASES[3], CASES[1]]  # the last one (LazyAdam) is the one saved
+STEPS = 6
+MODULE = [sys.executable, "-m", "sok_tutorial.examples.train_sharded"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+_RUNS: dict[tuple[int, str, str], dict] = {}
 
 
-def _tag(case: str) -> str:
-    return case.replace(",", "_").replace("=", "-")
+def _train(strategy_of, n: int, case: str, restore: str = "", save: str = "") -> dict:
+    """The example's `train` of `case` on `n` in-process replicas (memoised by n, case, restore)."""
+    import sok_tutorial as sok
+    from sok_tutorial.examples.train_sharded import train
+
+    if (n, case, restore) not in _RUNS or save:
+        args = case_settings(parse(["--steps", str(STEPS)]), case)
+        args.restore, args.save = restore or None, save or None
+        strategy = strategy_of(n)
+        context = sok.Init(global_batch_size=args.global_batch_size, strategy=strategy)
+        _RUNS[n, case, restore] = train(args, strategy, context, rank=0, tag=case_tag(case))
+    return _RUNS[n, case, restore]
 
 
-def _command(replicas: object, cases: list[str], out: Path) -> list[str]:
-    args = [a for c in cases for a in ("--case", c)] + ["--out", str(out)]
-    if isinstance(replicas, str):
-        workers = replicas.split(":")[1]
-        return [sys.executable, "-m", "sok_tutorial.launch", "--workers", workers, *MODULE[1:], *args]
-    return [*MODULE, "--replicas", str(replicas), *args]
+def _by_key(result: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.argsort(result["keys"])
+    return np.asarray(result["losses"]), result["keys"][order], result["vectors"][order]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("model_parallel")
-
-    def run(name: str) -> subprocess.CompletedProcess:
-        replicas, cases = RUNS[name]
-        return subprocess.run(_command(replicas, cases, out / name), env=ENV, capture_output=True, text=True,
-                              timeout=600)
-
-    with ThreadPoolExecutor(2) as pool:
-        for name, done in zip(RUNS, pool.map(run, RUNS)):
-            assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return out
-
-
-def _load(out: Path, name: str, case: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    files = sorted(out.glob(f"{name}.{_tag(case)}.rank*.npz"))
-    assert files, f"no output of {name} {case}"
-    parts = [np.load(f) for f in files]
-    keys = np.concatenate([p["keys"] for p in parts])
-    vectors = np.concatenate([p["vectors"] for p in parts])
-    assert len(np.unique(keys)) == len(keys), "a key is stored on two shards"
-    order = np.argsort(keys)
-    return parts[0]["losses"], keys[order], vectors[order]
-
-
-@pytest.mark.parametrize("name,case", [(n, c) for n in ("n2", "n4", "workers2") for c in RUNS[n][1]])
-def test_n_replicas_train_like_one(runs: Path, name: str, case: str) -> None:
-    losses_1, keys_1, table_1 = _load(runs, "n1", case)
-    losses_n, keys_n, table_n = _load(runs, name, case)
-    assert len(losses_n) == len(losses_1) == 6
+def _assert_same(run: tuple, reference: tuple) -> None:
+    (losses_n, keys_n, table_n), (losses_1, keys_1, table_1) = run, reference
+    assert len(losses_n) == len(losses_1) == STEPS
     np.testing.assert_allclose(losses_n, losses_1, rtol=0, atol=2e-6)
     np.testing.assert_array_equal(keys_n, keys_1)
     np.testing.assert_allclose(table_n, table_1, rtol=0, atol=2e-6)
     assert np.abs(table_1).max() > 0 and len(np.unique(losses_1)) > 1  # something trained
 
 
-def test_shards_split_memory(runs: Path) -> None:
-    sizes = {n: int(np.load(next(runs.glob(f"{n}.{_tag(CASES[0])}.rank0.npz")))["bytes_per_replica"])
-             for n in ("n1", "n2", "n4")}
+@pytest.mark.parametrize("n,case", IN_PROCESS)
+def test_n_replicas_train_like_one(strategy_of, n: int, case: str) -> None:
+    _assert_same(_by_key(_train(strategy_of, n, case)), _by_key(_train(strategy_of, 1, case)))
+
+
+def test_shards_split_memory(strategy_of) -> None:
+    sizes = {n: int(_train(strategy_of, n, CASES[0])["bytes_per_replica"]) for n in (1, 2, 4)}
     for n in (2, 4):  # each replica holds 1/n of the rows and key index, plus its own 8-byte row count
-        assert 0 <= sizes[f"n{n}"] * n - sizes["n1"] <= 8 * n and sizes["n1"] > 10_000
+        assert 0 <= sizes[n] * n - sizes[1] <= 8 * n and sizes[1] > 10_000
+
+
+def test_checkpoint_restores_onto_another_replica_count(strategy_of, tmp_path: Path) -> None:
+    """Saved from 2 replicas, restored on 4 and on 1: training continues identically."""
+    case = CASES[1]
+    _train(strategy_of, 2, case, save=str(tmp_path / "ckpt"))
+    resumed = {n: _by_key(_train(strategy_of, n, case, restore=str(tmp_path / "ckpt"))) for n in (1, 4)}
+    _assert_same(resumed[4], resumed[1])
+    fresh = _by_key(_train(strategy_of, 1, case))[0]  # the same batches from scratch
+    assert resumed[1][0][0] != pytest.approx(fresh[0], abs=1e-4)  # the restore really loaded trained state
+
+
+def _load_ranks(prefix: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    files = sorted(prefix.parent.glob(f"{prefix.name}.rank*.npz"))
+    assert len(files) == 2, f"expected one output per worker: {files}"
+    parts = [np.load(f) for f in files]
+    keys = np.concatenate([p["keys"] for p in parts])
+    assert len(np.unique(keys)) == len(keys), "a key is stored on two shards"
+    return _by_key({"losses": parts[0]["losses"], "keys": keys,
+                    "vectors": np.concatenate([p["vectors"] for p in parts])})
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One launcher run of 2 worker processes: every case of WORKER_CASES, then a checkpoint."""
+    out = tmp_path_factory.mktemp("workers")
+    args = [a for c in WORKER_CASES for a in ("--case", c)]
+    done = subprocess.run([sys.executable, "-m", "sok_tutorial.launch", "--workers", "2", *MODULE[1:], "--steps",
+                           str(STEPS), *args, "--out", str(out / "run"), "--save", str(out / "ckpt")], env=ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"workers failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return out
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", WORKER_CASES)
+def test_two_worker_processes_train_like_one_device(strategy_of, workers: Path, case: str) -> None:
+    _assert_same(_load_ranks(workers / f"run.{case_tag(case)}"), _by_key(_train(strategy_of, 1, case)))
+
+
+@pytest.mark.multiprocess
+def test_a_checkpoint_of_two_workers_restores_on_one_device(strategy_of, workers: Path, tmp_path: Path) -> None:
+    """Each worker writes its own shard file; one device restores both and continues exactly as a
+    checkpoint of 2 in-process replicas does."""
+    case = WORKER_CASES[-1]
+    assert sorted(p.name for p in (workers / "ckpt" / "tables").iterdir()) == ["0.worker0.npz", "0.worker1.npz"]
+    _train(strategy_of, 2, case, save=str(tmp_path / "ckpt"))
+    from_workers = _by_key(_train(strategy_of, 1, case, restore=str(workers / "ckpt")))
+    _assert_same(from_workers, _by_key(_train(strategy_of, 1, case, restore=str(tmp_path / "ckpt"))))
 
 
 def _wait(procs: list[subprocess.Popen], limit: float) -> list[tuple[int, str]]:
@@ -108,6 +148,8 @@ def _wait(procs: list[subprocess.Popen], limit: float) -> list[tuple[int, str]]:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_launcher_stops_all_when_a_worker_dies() -> None:
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "sok_tutorial.launch", "--workers", "2", *MODULE[1:],
@@ -118,6 +160,8 @@ def test_launcher_stops_all_when_a_worker_dies() -> None:
     assert "[rank 1] worker 1: exiting at step 2" in done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_survivor_exits_with_clear_error_without_launcher() -> None:
     """Started by hand (no launcher to stop it), the surviving worker fails fast and says why."""
     procs = [subprocess.Popen([*MODULE, "--steps", "40", "--die-at-step", "2", "--timeout", "15"],
@@ -128,6 +172,8 @@ def test_survivor_exits_with_clear_error_without_launcher() -> None:
     assert code_0 != 0 and "a peer stopped answering" in text_0, text_0[-2000:]
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_unreachable_worker_is_a_clear_error() -> None:
     env = worker_environments(2)[0]  # worker 1 is never started
     start = time.monotonic()
@@ -135,36 +181,3 @@ def test_unreachable_worker_is_a_clear_error() -> None:
                           capture_output=True, text=True, timeout=90)
     assert done.returncode != 0 and time.monotonic() - start < 60
     assert "worker 1 at localhost:" in done.stderr and "unreachable" in done.stderr, done.stderr[-2000:]
-
-
-def test_checkpoint_restores_onto_another_replica_count(runs: Path, tmp_path: Path) -> None:
-    """Saved from 2 replicas (one process) and from 2 worker processes (a file per worker),
-    restored on 4 replicas and on 1: training continues identically."""
-    case = ["--case", CASES[1]]
-    saves = {"ckpt": [*MODULE, "--replicas", "2", *case, "--save", str(tmp_path / "ckpt")],
-             "ckpt_workers": [sys.executable, "-m", "sok_tutorial.launch", "--workers", "2", *MODULE[1:], *case,
-                              "--save", str(tmp_path / "ckpt_workers")]}
-    with ThreadPoolExecutor(2) as pool:
-        for done in pool.map(lambda c: subprocess.run(c, env=ENV, capture_output=True, text=True, timeout=300),
-                             saves.values()):
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "ckpt_workers" / "tables").iterdir()) == ["0.worker0.npz",
-                                                                                       "0.worker1.npz"]
-
-    def resume(run: tuple[str, int]) -> subprocess.CompletedProcess:
-        ckpt, n = run
-        return subprocess.run([*MODULE, "--replicas", str(n), *case, "--restore", str(tmp_path / ckpt),
-                               "--out", str(tmp_path / f"{ckpt}-resumed{n}")], env=ENV, capture_output=True,
-                              text=True, timeout=300)
-
-    with ThreadPoolExecutor(2) as pool:
-        for done in pool.map(resume, [("ckpt", 1), ("ckpt", 4), ("ckpt_workers", 1)]):
-            assert done.returncode == 0, done.stderr[-3000:]
-    losses_1, keys_1, table_1 = _load(tmp_path, "ckpt-resumed1", CASES[1])
-    for other in ("ckpt-resumed4", "ckpt_workers-resumed1"):
-        losses_n, keys_n, table_n = _load(tmp_path, other, CASES[1])
-        np.testing.assert_allclose(losses_n, losses_1, atol=2e-6)
-        np.testing.assert_array_equal(keys_n, keys_1)
-        np.testing.assert_allclose(table_n, table_1, atol=2e-6)
-    fresh = _load(runs, "n1", CASES[1])[0]  # the same batches from scratch
-    assert losses_1[0] != pytest.approx(fresh[0], abs=1e-4)  # the restore really loaded trained state
