@@ -4,7 +4,9 @@ for byte, and the next write to the same place cleans what the killed one left b
 Each case writes version 1 to completion in a child process, then starts version 2 in another
 child that stops itself at a kill point (while writing data, or just before publishing) and
 is killed there; the parent compares every byte of the output with version 1, then writes
-version 2 again and checks that no temporary sibling is left.
+version 2 again and checks that no temporary sibling is left. These child-process loops are the
+``slow`` tier; the fast tier keeps the function-level repair test at the end of this file and the
+writers' own tests of what an interrupted write leaves behind.
 """
 from __future__ import annotations
 
@@ -131,6 +133,7 @@ def _leftovers(out: Path) -> list[str]:
 KILL_POINTS = [(w, s) for w in sorted(WRITERS) for s in ("data", "publish") if (w, s) != ("workflow", "data")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer,stop", KILL_POINTS)
 def test_sigkill_mid_write_leaves_the_previous_output_whole(tmp_path, writer, stop):
     script, out = _child(tmp_path, writer), tmp_path / "out"
@@ -166,3 +169,25 @@ def test_a_kill_between_moving_the_old_output_aside_and_the_new_one_in_is_repair
     aside = tmp_path / f".ds.old-{atomic._HOST}-{dead.pid}-{'c' * 12}"
     os.replace(out, aside)  # what a kill right after the first rename leaves
     assert atomic.clean_stale(out) == [] and (out / "data").read_text() == "version 1" and not aside.exists()
+
+
+def test_a_writer_killed_before_its_publish_leaves_the_previous_output_and_the_next_write_cleans_up(tmp_path):
+    """What the SIGKILL loops above check in child processes, at the level of the functions: a
+    write that stops after filling its temporary sibling (its process then gone) changes nothing a
+    reader sees, and the next write removes what it left."""
+    from sok_tutorial import atomic
+
+    out = tmp_path / "ds"
+    with atomic.atomic_directory(out, overwrite=False) as tmp:
+        (tmp / "data").write_text("version 1")
+    before = _digest(out)
+    half = atomic.begin_directory(out, overwrite=True)
+    (half / "data").write_text("version 2, half writ")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = half.with_name(half.name.replace(f"-{os.getpid()}-", f"-{dead.pid}-"))
+    os.replace(half, orphan)  # the writer is gone: its temporary sibling now names a dead process
+    assert _digest(out) == before and _leftovers(out) == [orphan.name]
+    with atomic.atomic_directory(out, overwrite=True) as tmp:
+        (tmp / "data").write_text("version 2")
+    assert (out / "data").read_text() == "version 2" and not _leftovers(out)
