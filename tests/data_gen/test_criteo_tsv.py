@@ -106,6 +106,24 @@ def test_saved_categorify_maps_a_new_day_identically(tmp_path, days):
     np.testing.assert_array_equal(pq.read_table(tmp_path / "again" / "part-00000.parquet")["C3"].to_numpy(), expected)
 
 
+def test_a_vocabulary_fitted_on_the_training_day_sends_tokens_new_in_a_later_day_to_zero(tmp_path):
+    """Notebook 05's split of a real download: validation rows are mapped through the training
+    rows' vocabulary, so a token first seen in validation is out of vocabulary (id 0)."""
+    cats = lambda tok: [tok] + [f"{i:08x}" for i in range(1, 26)]  # noqa: E731
+    (tmp_path / "day_0").write_text(_line(cats=cats("aaaa")) * 2 + _line(cats=cats("bbbb")) * 2)
+    (tmp_path / "day_1").write_text(_line(cats=cats("bbbb")) + _line(cats=cats("cccc")) + _line(cats=cats("aaaa")))
+    train = preprocess_criteo([tmp_path / "day_0"], tmp_path / "train", min_count=1, scheduler="synchronous",
+                              progress=False)
+    vocabulary = Categorify.load(tmp_path / "train" / "categorify")
+    valid = preprocess_criteo([tmp_path / "day_1"], tmp_path / "valid", min_count=1, categorify=vocabulary,
+                              scheduler="synchronous", progress=False)
+    trained = pq.read_table(tmp_path / "train" / "part-00000.parquet")["C1"].to_pylist()
+    mapped = pq.read_table(tmp_path / "valid" / "part-00000.parquet")["C1"].to_pylist()
+    assert trained[0] != trained[2] and 0 not in trained
+    assert mapped == [trained[2], 0, trained[0]]  # 'cccc' never appeared in training
+    assert valid["C1"].cardinality == train["C1"].cardinality == 3
+
+
 def test_failure_in_one_file_leaves_no_output(tmp_path, days):
     broken = tmp_path / "day_broken"
     broken.write_text(days[0].read_text() + "0\t1\n")

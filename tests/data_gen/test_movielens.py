@@ -86,8 +86,10 @@ def test_unknown_movie_gets_no_genres_and_missing_layout_is_named(tmp_path):
         read_movielens(tmp_path / "nothing")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "ratings.parquet").write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match=r"no MovieLens layout: expected .* found ratings.parquet"):
+    with pytest.raises(FileNotFoundError, match=r"no MovieLens layout: expected .* found ratings.parquet") as info:
         read_movielens(tmp_path / "other")
+    assert all(name in str(info.value) for name in ("u.data + u.item (ml-100k)", "ratings.dat + movies.dat (ml-1m)",
+                                                    "ratings.csv + movies.csv (ml-25m)"))
 
 
 @pytest.mark.parametrize("kwargs, match", [({"num_users": 0}, "num_users=0"), ({"seed": -2}, "seed=-2")])
