@@ -1,6 +1,10 @@
 """Notebooks pointed at real downloads: here a directory laid out like one (Criteo-format day
 files, one of them gzipped, without the generator's metadata), so there is no oracle to compare
-with, and a directory that holds no download at all."""
+with, and a directory that holds no download at all.
+
+The readers behind these paths have their own tests (tests/data_gen: MovieLens layouts, Criteo
+day files, gzip, Kaggle's train.txt, a vocabulary fitted on the training rows); these runs check
+that each notebook takes the path end to end, and are the ``slow`` tier."""
 from __future__ import annotations
 
 import gzip
@@ -10,6 +14,8 @@ import shutil
 import pytest
 
 from tests.test_notebooks import SMOKE, check_05, check_07, run_notebook
+
+pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
 NB_05 = "05-dlrm-native-vs-accelerated"
 NB_07 = "07-continuous-training-cache"
