@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,7 +79,13 @@ def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max
         count += n
     if not count:
         raise ValueError("evaluate: the evaluation loader yielded no batches")
-    return {"auc": roc_auc(np.concatenate(targets), np.concatenate(scores)), "loss": total / count}
+    labels = np.concatenate(targets)
+    auc = roc_auc(labels, np.concatenate(scores))
+    if math.isnan(auc):
+        positives = int(np.count_nonzero(labels))
+        warnings.warn(f"evaluate: AUC is undefined (NaN): the {count} evaluation labels hold {positives} positives "
+                      f"and {count - positives} negatives; AUC needs both classes", RuntimeWarning, stacklevel=2)
+    return {"auc": auc, "loss": total / count}
 
 
 def _epoch(loader: Any, epoch: int) -> Iterable[Any]:
@@ -169,8 +176,8 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
             raise ValueError(f"fit: patience={patience} needs evaluations: pass eval_loader and eval_interval")
     if restore_best_weights and eval_loader is None:
         raise ValueError("fit: restore_best_weights=True needs an eval_loader to find the best weights")
-    if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
-        raise ValueError(f"fit: min_delta={min_delta!r}, expected a number >= 0")
+    if isinstance(min_delta, bool) or not (isinstance(min_delta, (int, float)) and 0 <= min_delta < math.inf):
+        raise ValueError(f"fit: min_delta={min_delta!r}, expected a finite number >= 0")
     if snapshot_interval is not None:
         checks.positive_int("snapshot_interval", snapshot_interval)
         if snapshot_dir is None:
@@ -232,6 +239,11 @@ def fit(model: Any, train_loader: Any, *, optimizer: Any = None, loss: Any = Non
         history.eval_step.append(step)
         history.eval_auc.append(result["auc"])
         history.eval_loss.append(result["loss"])
+        if math.isnan(result[monitor]) and (patience is not None or restore_best_weights):
+            raise ValueError(f"fit: the validation {monitor} at step {step} is undefined (NaN), so it cannot pick "
+                             f"the best step for patience={patience}, restore_best_weights={restore_best_weights}"
+                             + (": eval_loader's labels are all of one class; give it both classes or pass "
+                                "monitor='loss'" if monitor == "auc" else ": the model diverged"))
         sign = 1.0 if monitor == "auc" else -1.0  # compare so that larger is better
         if history.best_value is None or sign * (result[monitor] - history.best_value) > min_delta:
             history.best_step, history.best_value, waited = step, result[monitor], 0

@@ -97,12 +97,33 @@ def test_model_losses_are_added_to_the_training_loss(ratings):
     ({"patience": 0, "eval_interval": 1}, r"patience"),
     ({"monitor": "accuracy", "eval_interval": 1}, r"monitor='accuracy' is invalid"),
     ({"min_delta": -0.1, "eval_interval": 1}, r"min_delta=-0.1"),
+    ({"min_delta": float("inf"), "eval_interval": 1}, r"min_delta=inf, expected a finite number"),
 ])
 def test_bad_early_stopping_options_are_refused_before_training(ratings, kwargs, message):
     model, train, valid = _setup(*ratings)
     with pytest.raises(ValueError, match=message):
         fit(model, train, eval_loader=valid, progress=False, verbose=0, **kwargs)
     assert not model.optimizer.built  # nothing trained
+
+
+def test_an_undefined_validation_auc_is_reported_and_never_picks_the_best_step(ratings):
+    """A validation set of one class has no AUC: evaluate says so, and fit refuses to stop early or
+    roll back on it (NaN compares as no change, so a NaN 'best' would be kept forever)."""
+    model, train, valid = _setup(*ratings)
+    features, labels = next(iter(valid))
+    one_class = [(features, tf.ones_like(labels))]
+    with pytest.warns(RuntimeWarning, match=r"AUC is undefined \(NaN\): the 1000 evaluation labels hold 1000 "
+                                            r"positives and 0 negatives"):
+        assert np.isnan(evaluate(model, one_class)["auc"])
+    for kwargs in ({"patience": 2}, {"restore_best_weights": True}):
+        with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match=r"validation auc at step 3 is undefined "
+                                                                            r".* all of one class.*monitor='loss'"):
+            fit(model, train, max_steps=6, eval_loader=one_class, eval_interval=3, progress=False, verbose=0,
+                **kwargs)
+    with pytest.warns(RuntimeWarning):  # the loss is defined: early stopping on it works
+        h = fit(model, train, max_steps=6, eval_loader=one_class, eval_interval=3, patience=2, monitor="loss",
+                progress=False, verbose=0)
+    assert h.best_value == min(h.eval_loss) and all(np.isnan(h.eval_auc))
 
 
 def test_restore_best_weights_needs_an_eval_loader(ratings):
