@@ -57,6 +57,9 @@ OPTIONS = ("eviction_policy", "ttl", "ttl_seconds", "lfu_decay", "evict_fraction
            "sketch_depth", "sketch_width", "track_changes", "eviction_log")  # EmbeddingTable's keyword arguments
 
 
+_CLOCK_LIMIT = 2**62  # a ttl, in the clock's units, leaves room to add it to any clock reading in int64
+
+
 @dataclass(frozen=True)
 class Lifecycle:
     """A table's validated eviction, admission and tracking options (see the module docstring)."""
@@ -87,10 +90,14 @@ class Lifecycle:
         if eviction_policy == "ttl" and (ttl is None) == (ttl_seconds is None):
             raise ValueError(f"{name}: eviction_policy='ttl' needs exactly one of ttl (steps) or ttl_seconds, "
                              f"got ttl={ttl}, ttl_seconds={ttl_seconds}")
-        if ttl is not None:
-            checks.positive_int("ttl", ttl)
-        if ttl_seconds is not None and not (isinstance(ttl_seconds, (int, float)) and ttl_seconds > 0):
-            raise ValueError(f"ttl_seconds={ttl_seconds!r} is invalid: expected a positive number of seconds")
+        if ttl is not None and checks.positive_int("ttl", ttl) >= _CLOCK_LIMIT:
+            raise ValueError(f"ttl={ttl} is invalid: expected fewer than {_CLOCK_LIMIT} steps")
+        if ttl_seconds is not None and (isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float))
+                                        or not 0 < ttl_seconds * 1000 < _CLOCK_LIMIT):
+            raise ValueError(f"ttl_seconds={ttl_seconds!r} is invalid: expected a positive number of seconds, "
+                             f"less than {_CLOCK_LIMIT // 1000} (the table's clock counts milliseconds in int64)")
+        if not isinstance(track_changes, (bool, np.bool_)):
+            raise ValueError(f"track_changes={track_changes!r} is invalid: expected True or False")
         for arg, value, low_open in (("lfu_decay", lfu_decay, True), ("evict_fraction", evict_fraction, True),
                                      ("admit_probability", admit_probability, True)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:

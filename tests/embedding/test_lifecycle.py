@@ -224,6 +224,11 @@ def test_export_and_restore_keep_marks_and_counts_and_skip_free_rows():
     ({"ttl": 5}, "ttl=5.*need eviction_policy='ttl'"),
     ({"eviction_policy": "ttl"}, "exactly one of ttl"),
     ({"eviction_policy": "lru", "dynamic": False}, "need a dynamic table"),
+    ({"eviction_policy": "ttl", "ttl_seconds": float("inf")}, r"ttl_seconds=inf is invalid.*less than"),
+    ({"eviction_policy": "ttl", "ttl_seconds": 1e300}, r"ttl_seconds=1e\+300 is invalid"),
+    ({"eviction_policy": "ttl", "ttl_seconds": float("nan")}, r"ttl_seconds=nan is invalid"),
+    ({"eviction_policy": "ttl", "ttl": 2**62}, r"ttl=4611686018427387904 is invalid.*fewer than"),
+    ({"track_changes": "no"}, r"track_changes='no' is invalid: expected True or False"),
     ({"capacity": 0}, "capacity"),
 ])
 def test_bad_options_are_refused_naming_the_argument(kwargs, message):
