@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from kernels import checks
 from sok_tutorial.embedding.compositional import ComposedEmbedding, bad, integer, label
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -68,7 +69,12 @@ def mixed_dimensions(block_sizes: Sequence[int], base_dim: int, alpha: float = 0
         >>> mixed_dimensions([10, 100, 1000], 16, alpha=0.3, block_counts=[50, 30, 20])
         [16, 7, 3]
     """
+    base_dim, min_dim = checks.positive_int("base_dim", base_dim), checks.positive_int("min_dim", min_dim)
+    if min_dim > base_dim:
+        raise ValueError(f"min_dim={min_dim} is invalid: expected at most base_dim={base_dim}")
     sizes = np.asarray(block_sizes, np.float64)
+    if sizes.ndim != 1 or not sizes.size or (sizes < 1).any():
+        raise ValueError(f"block_sizes={block_sizes!r} is invalid: expected one or more positive row counts")
     counts = np.ones_like(sizes) if block_counts is None else np.asarray(block_counts, np.float64)
     if counts.shape != sizes.shape or (counts < 0).any() or not counts.any():
         raise ValueError(f"block_counts={block_counts!r} is invalid: expected {len(sizes)} non-negative counts, "

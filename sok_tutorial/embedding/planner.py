@@ -48,6 +48,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,12 @@ class TableSpec:
         checks.one_of(f"{self.name}: optimizer", self.optimizer, tuple(SLOT_FLOATS))
         if not self.ids_per_sample > 0:
             raise ValueError(f"{self.name}: ids_per_sample={self.ids_per_sample!r}, expected a number > 0")
+        if self.slot_sizes is not None:
+            sizes = list(self.slot_sizes)
+            if not sizes or any(isinstance(r, bool) or not isinstance(r, numbers.Integral) or r < 1 for r in sizes) \
+                    or sum(sizes) != self.rows:
+                raise ValueError(f"{self.name}: slot_sizes={self.slot_sizes!r} is invalid: expected positive row "
+                                 f"counts adding up to rows={self.rows}")
 
 
 @dataclass
@@ -219,11 +226,18 @@ def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int
     n = checks.positive_int("num_replicas", num_replicas)
     budget = checks.positive_int("memory_per_replica", memory_per_replica)
     checks.positive_int("global_batch", global_batch)
+    for arg, value in (("shardings", shardings), ("dtypes", dtypes)):
+        if isinstance(value, str):
+            raise ValueError(f"{arg}={value!r} is invalid: expected a list of names, e.g. [{value!r}]")
     allowed = list(SHARDINGS if shardings is None else shardings)
-    for s in allowed:
-        checks.one_of("shardings", s, SHARDINGS)
-    for d in dtypes:
-        checks.one_of("dtypes", d, tuple(DTYPE_BYTES))
+    for arg, names, known in (("shardings", allowed, SHARDINGS), ("dtypes", list(dtypes), tuple(DTYPE_BYTES))):
+        if not names:
+            raise ValueError(f"{arg}={names!r} is invalid: expected at least one of {', '.join(known)}")
+        for name in names:
+            checks.one_of(arg, name, known)
+    for arg, value in (("link_gbps", link_gbps), ("memory_gbps", memory_gbps)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{arg}={value!r} is invalid: expected a positive, finite bandwidth in GB/s")
     names = [t.name for t in tables]
     if not tables or len(set(names)) != len(names):
         raise ValueError(f"tables: expected at least one table, with distinct names; got {names}")

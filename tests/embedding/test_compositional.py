@@ -206,6 +206,10 @@ BAD = [
     (lambda: MixedDimensionEmbedding("sum", [10, 5], 8, alpha=-1.0), r"alpha=-1.0 is invalid"),
     (lambda: MixedDimensionEmbedding("sum", [10, 5], 8, min_dim=9), r"min_dim=9 is invalid"),
     (lambda: mixed_dimensions([10, 5], 8, block_counts=[1]), r"block_counts=\[1\] is invalid"),
+    (lambda: mixed_dimensions([10, 5], 0), r"base_dim=0 is invalid"),
+    (lambda: mixed_dimensions([10, 5], 8, min_dim=9), r"min_dim=9 is invalid: expected at most base_dim=8"),
+    (lambda: mixed_dimensions([], 8), r"block_sizes=\[\] is invalid"),
+    (lambda: mixed_dimensions([10, 0], 8), r"block_sizes=\[10, 0\] is invalid"),
     (lambda: frequency_order([[1, 2]]), r"counts must be a 1-D array"),
 ]
 

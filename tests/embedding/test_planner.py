@@ -114,6 +114,14 @@ def test_a_budget_nothing_fits_says_by_how_much_per_table():
     (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, shardings=("diagonal",)), r"shardings='diagonal'"),
     (lambda: plan(_tables() + _tables()[:1], 2, 1 << 30, global_batch=64), r"distinct names"),
     (lambda: plan(_tables(), 0, 1 << 30, global_batch=64), r"num_replicas=0"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, dtypes=()), r"dtypes=\[\] is invalid: expected at least one"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, shardings=[]), r"shardings=\[\] is invalid"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, shardings="row"), r"shardings='row' is invalid: .* list"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, link_gbps=0), r"link_gbps=0 is invalid"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, link_gbps=-5.0), r"link_gbps=-5.0 is invalid"),
+    (lambda: plan(_tables(), 2, 1 << 30, global_batch=64, memory_gbps=float("nan")), r"memory_gbps=nan is invalid"),
+    (lambda: TableSpec("x", rows=10, dim=4, slot_sizes=(4, 4)), r"x: slot_sizes=\(4, 4\) is invalid.*rows=10"),
+    (lambda: TableSpec("x", rows=10, dim=4, slot_sizes=(10, 0)), r"x: slot_sizes=\(10, 0\) is invalid"),
 ])
 def test_bad_input_is_refused_naming_the_value(call, message):
     with pytest.raises(ValueError, match=message):
