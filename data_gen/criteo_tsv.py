@@ -105,32 +105,61 @@ def _parse_block(block: bytes, path: Path, lines_before: int, on_bad_lines: str,
     keep = ~(bad | blank)
     if not keep.any():
         return None, len(ends)
+    longest = int((ends - starts).max()) + 1
     if not keep.all():
-        lengths = np.minimum(ends + 1, len(raw)) - starts
-        block = raw[np.repeat(keep, lengths)].tobytes()
-        if not block.endswith(b"\n"):
-            block += b"\n"
-    return _convert(block, path, line_no[keep], on_bad_lines, counter), len(ends)
+        block = _lines(raw, starts, ends, keep)
+    return _convert(block, path, line_no[keep], on_bad_lines, counter, longest), len(ends)
 
 
-def _read(block: bytes, types: dict[str, pa.DataType]) -> pa.Table:
+def _lines(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray, keep: np.ndarray) -> bytes:
+    """The lines of `raw` (from `starts` to `ends`, newline included) where `keep` is True."""
+    lengths = np.minimum(ends + 1, len(raw)) - starts
+    block = raw[np.repeat(keep, lengths)].tobytes()
+    return block if block.endswith(b"\n") else block + b"\n"
+
+
+def _read(block: bytes, types: dict[str, pa.DataType], longest: int) -> pa.Table:
+    # pyarrow's block must hold the longest line whole
     return pcsv.read_csv(
         io.BytesIO(block),
-        read_options=pcsv.ReadOptions(column_names=NAMES, block_size=max(1 << 20, len(block) // 4)),
+        read_options=pcsv.ReadOptions(column_names=NAMES, block_size=max(1 << 20, len(block) // 4, longest + 1)),
         parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
         convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True))
 
 
-def _convert(block: bytes, path: Path, line_no: np.ndarray, on_bad_lines: str, counter: dict[str, int]) -> pa.Table:
+def _not_utf8(block: bytes) -> np.ndarray:
+    """Per line of `block`, whether it is not valid UTF-8 (pyarrow refuses such a block whole)."""
+    def bad(line: bytes) -> bool:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            return True
+        return False
+    return np.array([bad(line) for line in block[:-1].split(b"\n")], bool)
+
+
+def _convert(block: bytes, path: Path, line_no: np.ndarray, on_bad_lines: str, counter: dict[str, int],
+             longest: int) -> pa.Table:
     try:
-        table = _read(block, _TYPES)
+        table = _read(block, _TYPES, longest)
         labels = pc.min_max(table[LABEL_NAME])
         if table[LABEL_NAME].null_count == 0 and labels["min"].as_py() >= 0 and labels["max"].as_py() <= 1:
             return table
     except pa.ArrowInvalid:
-        pass  # a field does not parse as a number
+        pass  # a field does not parse as a number, or a token is not UTF-8
     # slow path, only for blocks with bad values: find exactly which lines
-    table = _read(block, {n: pa.string() for n in NAMES})
+    not_utf8 = _not_utf8(block)
+    if not_utf8.any():
+        if on_bad_lines == "error":
+            raise MalformedLineError(f"{path}:{line_no[np.flatnonzero(not_utf8)[0]]}: not valid UTF-8 text (pass "
+                                     "on_bad_lines='skip' to drop such lines)")
+        counter["bad_lines"] += int(not_utf8.sum())
+        if not_utf8.all():
+            return pa.schema([(n, _TYPES[n]) for n in NAMES]).empty_table()
+        raw = np.frombuffer(block, np.uint8)
+        ends = np.flatnonzero(raw == 10)
+        block, line_no = _lines(raw, np.concatenate([[0], ends[:-1] + 1]), ends, ~not_utf8), line_no[~not_utf8]
+    table = _read(block, {n: pa.string() for n in NAMES}, longest)
     ok = np.ones(table.num_rows, bool)
     for name, pattern in _PATTERNS.items():
         valid = pc.fill_null(pc.match_substring_regex(table[name], pattern), name != LABEL_NAME)

@@ -51,6 +51,26 @@ def test_bad_number_names_file_and_line(tmp_path):
     assert counter["bad_lines"] == 2  # 'abc' and the label 7
 
 
+def test_a_token_that_is_not_utf8_names_file_and_line_and_can_be_skipped(tmp_path):
+    path = tmp_path / "day_3"
+    cats = [f"{i:08x}" for i in range(26)]
+    bad = _line("0", cats=["abXX"] + cats[1:]).encode().replace(b"abXX", b"ab\xff")
+    path.write_bytes(_line().encode() * 2 + bad + _line("0").encode())
+    with pytest.raises(MalformedLineError, match=r"day_3:3: not valid UTF-8"):
+        _rows(path)
+    counter = {}
+    table = _rows(path, on_bad_lines="skip", counter=counter)
+    assert table["label"].to_pylist() == [1, 1, 0] and counter == {"rows": 3, "bad_lines": 1}
+
+
+def test_a_line_longer_than_pyarrows_block_is_read(tmp_path):
+    path = tmp_path / "day_4"
+    cats = [f"{i:08x}" for i in range(26)]
+    path.write_text(_line() + _line("0", cats=["x" * (3 << 20)] + cats[1:]) + _line())
+    table = _rows(path, block_bytes=1 << 20)
+    assert table.num_rows == 3 and len(table["C1"][1].as_py()) == 3 << 20
+
+
 def test_line_numbers_survive_block_boundaries(tmp_path):
     path = tmp_path / "day_2"
     lines = [_line()] * 500
