@@ -13,7 +13,9 @@ the binary label ``rating >= 4`` is known exactly and its AUC is saved as ``orac
 """
 from __future__ import annotations
 
+import io
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,13 +219,26 @@ def movielens_layout(path: str | Path) -> str | None:
 _EXPECTED = "ratings.csv + movies.csv (ml-25m), ratings.dat + movies.dat (ml-1m) or u.data + u.item (ml-100k)"
 
 
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, Any]]:
     """Find the layout, read the (small) movie table and say where the ratings are."""
     if not path.is_dir():
         raise FileNotFoundError(f"path={str(path)!r} {'is not a directory' if path.exists() else 'does not exist'}: "
                                 f"expected a MovieLens directory holding {_EXPECTED}")
     if (path / "ratings.csv").is_file() and (path / "movies.csv").is_file():
-        movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str})
+        try:
+            movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str})
+        except UnicodeDecodeError:
+            with open(path / "movies.csv", "rb") as fh:
+                line = next(i for i, raw in enumerate(fh, 1) if not _is_utf8(raw))
+            raise MalformedRatingsError(f"{path / 'movies.csv'}:{line}: not valid UTF-8 text") from None
         movies["genres"] = [[] if not isinstance(g, str) or g == _NO_GENRES else g.split("|") for g in movies["genres"]]
         return movies, path / "ratings.csv", {"layout": "ml-25m", "sep": ",", "header": True}
     if (path / "ratings.dat").is_file() and (path / "movies.dat").is_file():
@@ -242,25 +257,100 @@ def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, 
                             + (", ".join(found[:8]) + (" ..." if len(found) > 8 else "") if found else "nothing"))
 
 
+class MalformedRatingsError(ValueError):
+    """A line of a MovieLens ratings file is not a rating; the message names file and line."""
+
+
+_RATING_TYPES = {"userId": pa.int64(), "movieId": pa.int64(), "rating": pa.float32(), "timestamp": pa.int64()}
+_INT64 = re.compile(r"-?[0-9]+")
+
+
 def iter_movielens(path: str | Path, *, chunk_bytes: int = 64 << 20) -> Iterator[pa.Table]:
-    """Stream a MovieLens directory as joined tables (ratings files larger than memory work)."""
+    """Stream a MovieLens directory as joined tables (ratings files larger than memory work).
+
+    Every field is parsed strictly: ids and timestamps must be integers within int64, ratings
+    numbers, four fields a line; anything else raises `MalformedRatingsError` naming the file and
+    the line, as does a ratings file without a single rating.
+    """
     path = Path(path)
+    checks.positive_int("chunk_bytes", chunk_bytes)
     movies, ratings_path, layout = _movies_and_ratings_path(path)
-    names = ["userId", "movieId", "rating", "timestamp"]
-    types = {"userId": pa.int64(), "movieId": pa.int64(), "rating": pa.float32(), "timestamp": pa.int64()}
-    if layout["sep"] == "::":  # pyarrow's CSV reader takes one-character delimiters only
-        for frame in pd.read_csv(ratings_path, sep="::", engine="python", header=None, names=names,
-                                 chunksize=1_000_000):
-            yield join_genres(pa.Table.from_pandas(frame.astype({n: t.to_pandas_dtype() for n, t in types.items()}),
-                                                   preserve_index=False), movies)
-        return
-    reader = pcsv.open_csv(
-        ratings_path,
-        read_options=pcsv.ReadOptions(column_names=None if layout["header"] else names, block_size=chunk_bytes),
-        parse_options=pcsv.ParseOptions(delimiter=layout["sep"]),
-        convert_options=pcsv.ConvertOptions(column_types=types, include_columns=names))
-    for batch in reader:
-        yield join_genres(pa.Table.from_batches([batch]), movies)
+    rows = 0
+    for table in _ratings(ratings_path, layout["sep"], layout["header"], chunk_bytes):
+        rows += table.num_rows
+        yield join_genres(table, movies)
+    if not rows:
+        raise MalformedRatingsError(f"{ratings_path}: holds no ratings")
+
+
+def _ratings(path: Path, sep: str, header: bool, chunk_bytes: int) -> Iterator[pa.Table]:
+    """The ratings of `path` in blocks of whole lines, each parsed by pyarrow (``::`` becomes a tab:
+    pyarrow splits on one character), and line by line only where pyarrow refuses a block."""
+    lines_before = 0
+    with open(path, "rb") as fh:
+        if header:
+            first = fh.readline()
+            lines_before = 1
+            names = first.decode("utf-8", "replace").strip().split(sep)
+            if names != list(_RATING_TYPES):
+                raise MalformedRatingsError(f"{path}:1: expected the header {sep.join(_RATING_TYPES)!r}, found "
+                                            f"{first.decode('utf-8', 'replace').strip()!r}")
+        leftover = b""
+        while True:
+            data = fh.read(chunk_bytes)
+            buf = leftover + data
+            if not buf:
+                return
+            cut = buf.rfind(b"\n") + 1 if data else len(buf)
+            if cut == 0:  # one line longer than a chunk: read on
+                leftover = buf
+                continue
+            block, leftover = buf[:cut], buf[cut:]
+            table = _parse_ratings(block.replace(b"::", b"\t") if sep == "::" else block, path, lines_before, sep)
+            lines_before += block.count(b"\n") + (not block.endswith(b"\n"))
+            if table.num_rows:
+                yield table
+
+
+def _parse_ratings(block: bytes, path: Path, lines_before: int, sep: str) -> pa.Table:
+    delimiter = "\t" if sep == "::" else sep
+    longest = max(len(line) for line in block.split(b"\n")) + 2
+    try:
+        table = pcsv.read_csv(io.BytesIO(block), read_options=pcsv.ReadOptions(
+            column_names=list(_RATING_TYPES), block_size=max(1 << 20, longest)),
+            parse_options=pcsv.ParseOptions(delimiter=delimiter, quote_char=False),
+            convert_options=pcsv.ConvertOptions(column_types=_RATING_TYPES))
+        if not any(table[n].null_count for n in _RATING_TYPES) and pc.all(pc.is_finite(table["rating"])).as_py() \
+                in (True, None):
+            return table
+    except pa.ArrowInvalid:
+        pass
+    for i, raw in enumerate(block.split(b"\n"), start=lines_before + 1):  # the slow path: which line, what
+        if raw.strip():
+            _check_rating_line(raw, path, i, sep, delimiter)
+    last = lines_before + block.count(b"\n")
+    raise MalformedRatingsError(f"{path}: lines {lines_before + 1}-{last} could not be read as ratings")  # (pyarrow
+    # refused a block whose every line passed the checks above)
+
+
+def _check_rating_line(raw: bytes, path: Path, line: int, sep: str, delimiter: str) -> None:
+    if not _is_utf8(raw):
+        raise MalformedRatingsError(f"{path}:{line}: not valid UTF-8 text")
+    fields = raw.decode("utf-8").rstrip("\r").split(delimiter)
+    shown = sep.join(fields)
+    if len(fields) != 4:
+        raise MalformedRatingsError(f"{path}:{line}: expected 4 fields separated by {sep!r} (userId, movieId, "
+                                    f"rating, timestamp), found {len(fields)}: {shown[:200]!r}")
+    for name, value in zip(_RATING_TYPES, fields):
+        if name == "rating":
+            try:
+                ok = math.isfinite(float(value))
+            except ValueError:
+                ok = False
+            if not ok:
+                raise MalformedRatingsError(f"{path}:{line}: rating={value!r} is not a finite number")
+        elif not _INT64.fullmatch(value.strip()) or not -2**63 <= int(value) < 2**63:
+            raise MalformedRatingsError(f"{path}:{line}: {name}={value!r} is not an integer within int64")
 
 
 def read_movielens(path: str | Path) -> MovieLens:

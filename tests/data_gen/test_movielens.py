@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pytest
 
-from data_gen.movielens import GENRES, generate_movielens, read_movielens, write_movielens
+from data_gen.movielens import GENRES, MalformedRatingsError, generate_movielens, read_movielens, write_movielens
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +98,56 @@ def test_bad_arguments(kwargs, match):
         generate_movielens(100, **kwargs)
     with pytest.raises(ValueError, match="num_ratings=0"):
         generate_movielens(0)
+
+
+def _layout(root, layout: str, ratings: list[bytes]) -> None:
+    """A MovieLens directory of `layout` with movies 1 and 2 and these ratings lines (no newlines)."""
+    root.mkdir()
+    if layout == "ml-1m":
+        (root / "movies.dat").write_text("1::A (1999)::Drama\n2::B (1999)::Comedy\n")
+        (root / "ratings.dat").write_bytes(b"".join(r.replace(b",", b"::") + b"\n" for r in ratings))
+    elif layout == "ml-100k":
+        flags = "|".join(["0"] * 19)
+        (root / "u.item").write_text(f"1|A (1999)|01-Jan-1999||http://a|{flags}\n2|B (1999)|01-Jan-1999||http://b|{flags}\n")
+        (root / "u.data").write_bytes(b"".join(r.replace(b",", b"\t") + b"\n" for r in ratings))
+    else:
+        (root / "movies.csv").write_text("movieId,title,genres\n1,A (1999),Drama\n2,B (1999),Comedy\n")
+        (root / "ratings.csv").write_bytes(b"userId,movieId,rating,timestamp\n" + b"".join(r + b"\n" for r in ratings))
+
+
+LAYOUTS = ["ml-1m", "ml-100k", "ml-25m"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bad, message", [
+    (b"1,2.5,4,100", r"movieId='2\.5' is not an integer within int64"),
+    (b"9223372036854775808,1,4,100", r"userId='9223372036854775808' is not an integer within int64"),
+    (b"1,1,four,100", r"rating='four' is not a finite number"),
+    (b"1,1,nan,100", r"rating='nan' is not a finite number"),
+    (b"1,1,4,100,7", r"expected 4 fields .* found 5"),
+    (b"1,1,4,\xff\xfe", r"not valid UTF-8"),
+], ids=["float-id", "id-beyond-int64", "word-rating", "nan-rating", "five-fields", "not-utf8"])
+def test_a_bad_ratings_line_names_file_and_line_in_every_layout(tmp_path, layout, bad, message):
+    _layout(tmp_path / "ml", layout, [b"1,1,4,100", bad, b"2,2,3,101"])
+    name, line = {"ml-1m": ("ratings.dat", 2), "ml-100k": ("u.data", 2), "ml-25m": ("ratings.csv", 3)}[layout]
+    with pytest.raises(MalformedRatingsError, match=rf"{name}:{line}: {message}"):
+        read_movielens(tmp_path / "ml")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_reads_the_same_ratings_and_refuses_an_empty_file(tmp_path, layout):
+    _layout(tmp_path / "ml", layout, [b"1,1,4,100", b"2,2,3.5,101"])
+    ml = read_movielens(tmp_path / "ml")
+    assert ml.ratings.select(["userId", "movieId", "rating", "timestamp"]).to_pylist() == [
+        {"userId": 1, "movieId": 1, "rating": 4.0, "timestamp": 100},
+        {"userId": 2, "movieId": 2, "rating": 3.5, "timestamp": 101}]
+    _layout(tmp_path / "empty", layout, [])
+    with pytest.raises(MalformedRatingsError, match=r"holds no ratings"):
+        read_movielens(tmp_path / "empty")
+
+
+def test_movies_csv_that_is_not_utf8_names_its_line(tmp_path):
+    _layout(tmp_path / "ml", "ml-25m", [b"1,1,4,100"])
+    (tmp_path / "ml" / "movies.csv").write_bytes(b"movieId,title,genres\n1,A,Drama\n2,B\xff,Comedy\n")
+    with pytest.raises(MalformedRatingsError, match=r"movies.csv:3: not valid UTF-8"):
+        read_movielens(tmp_path / "ml")
