@@ -21,6 +21,7 @@ _NAMES = {
     "export_model_tables": "sok_tutorial.training.delta",
     "export_delta": "sok_tutorial.training.delta",
     "apply_delta": "sok_tutorial.training.delta",
+    "DeltaError": "sok_tutorial.training.delta",
 }
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)

@@ -16,7 +16,10 @@ export or the new one, never a mix. A chain of deltas applied to the first expor
 export of the latest model (up to the order of keys). A delta is checked against the export
 first: same model class, same tables (name, width) and dense variables, and marks that join up
 (the delta starts at or before the export's mark and ends at or after it); anything else is an
-error naming what differs, and the export is left as it was.
+error naming what differs, and the export is left as it was. So is a delta whose own files do
+not agree (`DeltaError`: a missing or damaged file, keys without vectors, repeated or non-integer
+keys, rows of another width, NaN values, dense variables of other shapes): what is published
+always loads. One process at a time applies deltas to an export (a lock file beside it).
 
 The tables must track changes (``track_changes=True``, or any eviction policy). The training
 cache writes its incremental model in this format too
@@ -38,9 +41,13 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Mapping, Sequence
+import time
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,33 +176,138 @@ def merge(base: Mapping[str, np.ndarray], change: Mapping[str, np.ndarray]) -> d
     return {n: np.concatenate([np.asarray(base[n])[~drop], np.asarray(change[n])]) for n in names}
 
 
-def apply_delta(export_dir: str | os.PathLike, delta_dir: str | os.PathLike) -> dict[str, dict[str, int]]:
-    """Apply the delta at `delta_dir` to the export at `export_dir`, atomically; returns per table
-    the rows changed, keys evicted and keys held afterwards."""
-    export_dir, delta_dir = Path(export_dir), Path(delta_dir)
-    marks = _read_marks(export_dir, "export_dir")
-    export = read_json(export_dir / MANIFEST, "export manifest")
+class DeltaError(ValueError):
+    """A delta that cannot be applied as it is: a file missing or unreadable, or arrays that do not
+    agree with each other, with its manifest or with the export. Nothing was written."""
+
+
+def _load_npz(path: Path, where: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except FileNotFoundError:
+        raise DeltaError(f"{where}: {path.name} is missing (an incomplete copy?)") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise DeltaError(f"{where}: {path.name} cannot be read ({type(exc).__name__}: {exc}): a damaged "
+                         "file") from None
+
+
+def _delta_manifest(delta_dir: Path) -> dict[str, Any]:
     if not (delta_dir / MANIFEST).is_file():
         raise FileNotFoundError(f"delta_dir={str(delta_dir)!r} is not a delta ({MANIFEST} missing: incomplete?)")
     delta = read_json(delta_dir / MANIFEST, "delta manifest")
-    if delta.get("kind") != "delta":
-        raise ValueError(f"delta_dir={str(delta_dir)!r} is not a delta (manifest kind {delta.get('kind')!r})")
-    _check(export, delta, marks, f"delta {str(delta_dir)!r} does not apply to export {str(export_dir)!r}")
-    changes = [dict(np.load(delta_dir / "tables" / f"{i}.npz")) for i in range(len(delta["tables"]))]
-    merged = [merge(base, change) for base, change in zip(read_tables(export_dir), changes)]
-    dense = dict(np.load(delta_dir / "dense.npz"))
-    summary = {}
-    with atomic_directory(export_dir, overwrite=True, arg="export_dir") as tmp:
-        (tmp / "tables").mkdir()
-        for i, (entry, arrays, change) in enumerate(zip(export["tables"], merged, delta["tables"])):
-            np.savez(tmp / "tables" / f"{i}.npz", **arrays)
-            entry.update(keys=len(arrays["keys"]), files=1, slots=entry["slots"] if "slot_0" in arrays else [])
-            summary[entry["layer"]] = {"changed": change["keys"], "evicted": change["evicted"],
-                                       "keys": len(arrays["keys"])}
-        np.savez(tmp / "dense.npz", **dense)
-        for name in os.listdir(export_dir):
-            if name.endswith(".npz") and name != "dense.npz":
-                (tmp / name).write_bytes((export_dir / name).read_bytes())  # optimizer.npz: unchanged
-        export["state"] = {**export.get("state", {}), "export": {"marks": [t["mark"] for t in delta["tables"]]}}
-        (tmp / MANIFEST).write_text(json.dumps(export, indent=2) + "\n")
+    if not isinstance(delta, dict) or delta.get("kind") != "delta":
+        kind = delta.get("kind") if isinstance(delta, dict) else type(delta).__name__
+        raise ValueError(f"delta_dir={str(delta_dir)!r} is not a delta (manifest kind {kind!r})")
+    fields = {"layer": str, "dim": int, "since": int, "mark": int, "keys": int, "evicted": int}
+    tables, dense = delta.get("tables"), delta.get("dense")
+    if not (isinstance(tables, list) and isinstance(dense, list)
+            and all(isinstance(t, dict) and all(isinstance(t.get(k), v) for k, v in fields.items()) for t in tables)
+            and all(isinstance(d, dict) and isinstance(d.get("path"), str) and isinstance(d.get("shape"), list)
+                    for d in dense)):
+        raise DeltaError(f"delta_dir={str(delta_dir)!r}: its {MANIFEST} lacks a table or dense entry, or one is "
+                         f"malformed (each table needs {', '.join(fields)}; each dense variable path and shape)")
+    return delta
+
+
+def _check_table(change: dict[str, np.ndarray], entry: dict[str, Any], base: Mapping[str, np.ndarray],
+                 where: str) -> None:
+    """The arrays of one table of a delta agree with each other, the manifest and the export."""
+    def bad(message: str) -> DeltaError:
+        return DeltaError(f"{where}, table {entry['layer']}: {message}")
+
+    for name in ("keys", "vectors", "evicted"):
+        if name not in change:
+            raise bad(f"no {name!r} array")
+    keys, vectors, evicted = change["keys"], change["vectors"], change["evicted"]
+    for name, array in (("keys", keys), ("evicted", evicted)):
+        if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+            raise bad(f"{name} is {array.dtype} of shape {array.shape}, expected a 1-d integer array")
+    if len(np.unique(keys)) != len(keys):
+        raise bad(f"{len(keys) - len(np.unique(keys))} key(s) appear twice")
+    if vectors.shape != (len(keys), entry["dim"]) or not np.issubdtype(vectors.dtype, np.floating):
+        raise bad(f"vectors is {vectors.dtype} of shape {vectors.shape}, expected floats of shape "
+                  f"({len(keys)}, {entry['dim']}): one row per key")
+    if not np.isfinite(vectors).all():
+        raise bad(f"{int((~np.isfinite(vectors)).any(axis=1).sum())} vector(s) hold NaN or infinity")
+    for name, array in change.items():
+        if name not in ("keys", "evicted") and (array.ndim == 0 or array.shape[0] != len(keys)):
+            raise bad(f"{name} has shape {array.shape} for {len(keys)} keys")
+    if (entry["keys"], entry["evicted"]) != (len(keys), len(evicted)):
+        raise bad(f"the manifest counts {entry['keys']} keys and {entry['evicted']} evicted, the arrays hold "
+                  f"{len(keys)} and {len(evicted)}")
+    if base["vectors"].shape[1:] != vectors.shape[1:]:
+        raise bad(f"vectors are {vectors.shape[1]} wide, the export's {base['vectors'].shape[1]}")
+
+
+def _check_dense(dense: dict[str, np.ndarray], entries: list[dict[str, Any]], where: str) -> list[np.ndarray]:
+    arrays = [dense.get(f"v{i}") for i in range(len(entries))]
+    for entry, array in zip(entries, arrays):
+        if array is None or list(array.shape) != entry["shape"] or not np.isfinite(array).all():
+            what = "missing" if array is None else f"of shape {list(array.shape)}, or not finite"
+            raise DeltaError(f"{where}: dense variable {entry['path']} is {what}; expected shape {entry['shape']}")
+    if len(dense) != len(entries):
+        raise DeltaError(f"{where}: dense.npz holds {len(dense)} arrays, the manifest names {len(entries)}")
+    return arrays
+
+
+@contextlib.contextmanager
+def _export_lock(export_dir: Path, timeout: float) -> Iterator[None]:
+    """Hold the lock of `export_dir` (a file beside it): one process applies deltas to an export at
+    a time; another waits up to `timeout` seconds, then gets a TimeoutError."""
+    lock = export_dir.parent / f".{export_dir.name}.lock"
+    with open(lock, "a+b") as fh:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"export_dir={str(export_dir)!r}: another process has been applying a delta "
+                                       f"to it for over {timeout} s (lock {lock.name})") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def apply_delta(export_dir: str | os.PathLike, delta_dir: str | os.PathLike, *,
+                lock_timeout: float = 300.0) -> dict[str, dict[str, int]]:
+    """Apply the delta at `delta_dir` to the export at `export_dir`, atomically; returns per table
+    the rows changed, keys evicted and keys held afterwards.
+
+    Every array of the delta is checked first (dtypes, lengths, unique keys, widths, finite
+    values, dense shapes), so what is published always loads. One process applies deltas to an
+    export at a time (a lock beside it; another waits up to `lock_timeout` seconds). An export
+    reached through a symbolic link is updated where the link points.
+    """
+    export_dir, delta_dir = Path(os.path.realpath(export_dir)), Path(delta_dir)
+    where = f"delta {str(delta_dir)!r}"
+    delta = _delta_manifest(delta_dir)
+    changes = [_load_npz(delta_dir / "tables" / f"{i}.npz", where) for i in range(len(delta["tables"]))]
+    dense = _check_dense(_load_npz(delta_dir / "dense.npz", where), delta["dense"], where)
+    with _export_lock(export_dir, lock_timeout):
+        marks = _read_marks(export_dir, "export_dir")
+        export = read_json(export_dir / MANIFEST, "export manifest")
+        _check(export, delta, marks, f"{where} does not apply to export {str(export_dir)!r}")
+        bases = read_tables(export_dir)
+        for change, entry, base in zip(changes, delta["tables"], bases):
+            _check_table(change, entry, base, where)
+        merged = [merge(base, change) for base, change in zip(bases, changes)]
+        summary = {}
+        with atomic_directory(export_dir, overwrite=True, arg="export_dir") as tmp:
+            (tmp / "tables").mkdir()
+            for i, (entry, arrays, change) in enumerate(zip(export["tables"], merged, delta["tables"])):
+                np.savez(tmp / "tables" / f"{i}.npz", **arrays)
+                entry.update(keys=len(arrays["keys"]), files=1, slots=entry["slots"] if "slot_0" in arrays else [])
+                summary[entry["layer"]] = {"changed": change["keys"], "evicted": change["evicted"],
+                                           "keys": len(arrays["keys"])}
+            np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense)})
+            for name in os.listdir(export_dir):
+                if name.endswith(".npz") and name != "dense.npz":
+                    (tmp / name).write_bytes((export_dir / name).read_bytes())  # optimizer.npz: unchanged
+            export["state"] = {**export.get("state", {}), "export": {"marks": [t["mark"] for t in delta["tables"]]}}
+            (tmp / MANIFEST).write_text(json.dumps(export, indent=2) + "\n")
     return summary

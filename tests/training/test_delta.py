@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import sok_tutorial as sok
 from sok_tutorial.training import checkpoint
-from sok_tutorial.training.delta import apply_delta, export_delta, export_model_tables
+from sok_tutorial.training.delta import DeltaError, apply_delta, export_delta, export_model_tables
 
 
 def make_model(policy: str | None = "lru", track: bool = False) -> keras.Model:
@@ -89,7 +89,7 @@ def test_a_delta_applied_out_of_order_or_to_another_model_is_refused_and_changes
     with pytest.raises(checkpoint.CheckpointMismatch, match=r"table emb/emb \(width 8\) vs emb/emb \(width 4\)"):
         apply_delta(tmp_path / "serving", tmp_path / "d_other")
     (first / "tables" / "0.npz").unlink()  # a damaged delta
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DeltaError, match=r"0.npz is missing"):
         apply_delta(tmp_path / "serving", first)
     after = {p.name: p.read_bytes() for p in (tmp_path / "serving").rglob("*") if p.is_file()}
     assert after == before
@@ -104,3 +104,121 @@ def test_a_table_without_tracking_cannot_export_deltas(tmp_path):
     with pytest.raises(ValueError, match="does not track changes: build it with track_changes=True"):
         export_delta(model, tmp_path / "d", since=0)
     assert not (tmp_path / "d").exists()
+
+
+def _served(tmp_path):
+    """An export of a trained model and a delta after one more day; (model, export, delta)."""
+    model = make_model()
+    model.fit(*day(0), batch_size=64, verbose=0)
+    export_model_tables(model, tmp_path / "serving")
+    model.fit(*day(1), batch_size=64, verbose=0)
+    return model, tmp_path / "serving", export_delta(model, tmp_path / "d1", since=tmp_path / "serving")
+
+
+def _files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+CORRUPT_TABLE = [  # (name, change to tables/0.npz, message)
+    ("a key more than vectors", lambda a: {**a, "keys": np.append(a["keys"], 10**6)}, r"vectors is float32 of shape"),
+    ("a repeated key", lambda a: {**a, "keys": np.concatenate([a["keys"][:1], a["keys"][:-1]])}, r"appear twice"),
+    ("float keys", lambda a: {**a, "keys": a["keys"].astype(np.float64)}, r"keys is float64 .* integer"),
+    ("NaN vectors", lambda a: {**a, "vectors": np.where(np.arange(len(a["keys"]))[:, None] == 0, np.nan,
+                                                        a["vectors"])}, r"1 vector\(s\) hold NaN"),
+    ("narrower vectors", lambda a: {**a, "vectors": a["vectors"][:, :3]}, r"expected floats of shape"),
+    ("a short marks array", lambda a: {**a, "marks": a["marks"][:-1]}, r"marks has shape"),
+    ("no evicted array", lambda a: {k: v for k, v in a.items() if k != "evicted"}, r"no 'evicted' array"),
+]
+
+
+@pytest.mark.parametrize("change, message", [c[1:] for c in CORRUPT_TABLE], ids=[c[0] for c in CORRUPT_TABLE])
+def test_a_delta_whose_arrays_disagree_is_refused_and_the_export_still_loads(tmp_path, change, message):
+    model, serving, delta = _served(tmp_path)
+    arrays = dict(np.load(delta / "tables" / "0.npz"))
+    np.savez(delta / "tables" / "0.npz", **change(arrays))
+    before = _files(serving)
+    with pytest.raises(DeltaError, match=rf"delta .*d1.*table emb/emb: .*{message}"):
+        apply_delta(serving, delta)
+    assert _files(serving) == before
+    checkpoint.load_checkpoint(serving, make_model())  # what is published always loads
+
+
+def _rewrite_manifest(delta, edit):
+    manifest = json.loads((delta / "manifest.json").read_text())
+    (delta / "manifest.json").write_text(json.dumps(edit(manifest)))
+
+
+DAMAGED = [
+    ("truncated table", lambda d: (d / "tables" / "0.npz").write_bytes((d / "tables" / "0.npz").read_bytes()[:60]),
+     r"tables/0.npz|0.npz cannot be read .*damaged"),
+    ("empty dense", lambda d: (d / "dense.npz").write_bytes(b""), r"dense.npz cannot be read"),
+    ("dense of another shape", lambda d: np.savez(d / "dense.npz", v0=np.zeros((3, 3), np.float32),
+                                                  v1=np.zeros(1, np.float32)), r"dense variable .* shape"),
+    ("manifest without tables", lambda d: _rewrite_manifest(d, lambda m: {k: v for k, v in m.items() if k != "tables"}),
+     r"manifest.json lacks a table"),
+    ("manifest with a bad entry", lambda d: _rewrite_manifest(d, lambda m: {**m, "tables": [7]}),
+     r"manifest.json lacks a table .* or one is malformed"),
+    ("manifest miscounting keys", lambda d: _rewrite_manifest(
+        d, lambda m: {**m, "tables": [{**m["tables"][0], "keys": m["tables"][0]["keys"] + 1}]}),
+     r"the manifest counts"),
+]
+
+
+@pytest.mark.parametrize("damage, message", [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED])
+def test_a_damaged_delta_is_refused_naming_it(tmp_path, damage, message):
+    _, serving, delta = _served(tmp_path)
+    damage(delta)
+    before = _files(serving)
+    with pytest.raises(DeltaError, match=message) as info:
+        apply_delta(serving, delta)
+    assert str(delta) in str(info.value) and _files(serving) == before
+
+
+def test_an_export_reached_through_a_symlink_is_updated_where_it_points(tmp_path):
+    model, serving, delta = _served(tmp_path)
+    (tmp_path / "current").symlink_to(serving)
+    apply_delta(tmp_path / "current", delta)
+    assert (tmp_path / "current").is_symlink() and (tmp_path / "current").resolve() == serving.resolve()
+    export_model_tables(model, tmp_path / "full")
+    served, full = checkpoint.read_tables(serving)[0], checkpoint.read_tables(tmp_path / "full")[0]
+    np.testing.assert_array_equal(by_key(served)["vectors"], by_key(full)["vectors"])
+
+
+def test_one_process_at_a_time_applies_deltas_to_an_export(tmp_path):
+    from sok_tutorial.training.delta import _export_lock
+
+    _, serving, delta = _served(tmp_path)
+    before = _files(serving)
+    with _export_lock(serving.resolve(), timeout=1):
+        with pytest.raises(TimeoutError, match=r"another process has been applying a delta"):
+            apply_delta(serving, delta, lock_timeout=0.2)
+        assert _files(serving) == before
+    assert apply_delta(serving, delta)["emb/emb"]["changed"] > 0
+
+
+@pytest.mark.multiprocess
+def test_two_processes_applying_one_chain_leave_a_complete_export(tmp_path):
+    """Both apply d1 then d2 at once: each apply either goes through or is refused as older than
+    the export; the export ends equal to a full export of the latest model."""
+    import subprocess
+    import sys
+
+    model, serving, d1 = _served(tmp_path)
+    model.fit(*day(2), batch_size=64, verbose=0)
+    d2 = export_delta(model, tmp_path / "d2", since=d1)
+    export_model_tables(model, tmp_path / "full")
+    script = (f"import sys; sys.path.insert(0, {str(tmp_path.parents[0])!r})\n"
+              "from sok_tutorial.training import checkpoint\n"
+              "from sok_tutorial.training.delta import apply_delta\n"
+              f"for d in ({str(d1)!r}, {str(d2)!r}):\n"
+              "    try:\n"
+              f"        apply_delta({str(serving)!r}, d)\n"
+              "    except checkpoint.CheckpointMismatch as exc:\n"
+              "        assert 'older than the export' in str(exc), exc\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-2000:]
+    served, full = checkpoint.read_tables(serving)[0], checkpoint.read_tables(tmp_path / "full")[0]
+    for name, value in by_key(full).items():
+        np.testing.assert_array_equal(by_key(served)[name], value)
