@@ -228,15 +228,10 @@ class DiskPS(ParameterServer):
             raise NotADirectoryError(f"DiskPS path={str(self.path)!r} is a file; expected a directory for the store "
                                      "(new or one a DiskPS wrote)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        try:
-            self._db = Rdict(str(self.path), options)
-        except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status
-            if "lock" in str(exc).lower():
-                raise PSLocked(f"DiskPS path={str(self.path)!r} is locked: another process (or another DiskPS in "
-                               f"this one) has it open; close that one first ({exc})") from exc
-            raise
+        self._options = Options(raw_mode=True)
+        self._options.create_if_missing(True)
+        self._closed, self._failed = False, False  # close() was called; a write hit a full disk
+        self._db = self._open(Rdict)
         self._write_options = WriteOptions()
         self._write_options.sync = bool(sync)
         meta = self._db.get(self._META)
@@ -246,9 +241,43 @@ class DiskPS(ParameterServer):
             for name, (table_id, width) in json.loads(meta.decode()).items():
                 self._tables[name], self.widths[name] = table_id, width
 
+    def _open(self, rdict: Any = None) -> Any:
+        if rdict is None:
+            from rocksdict import Rdict as rdict
+        try:
+            return rdict(str(self.path), self._options)
+        except Exception as exc:  # rocksdict raises a bare Exception carrying RocksDB's status
+            if "lock" in str(exc).lower():
+                raise PSLocked(f"DiskPS path={str(self.path)!r} is locked: another process (or another DiskPS in "
+                               f"this one) has it open; close that one first ({exc})") from exc
+            if _no_space(exc):
+                raise OSError(errno.ENOSPC, f"DiskPS {str(self.path)!r}: disk full; the store cannot be reopened "
+                              f"until there is room (RocksDB: {exc})") from exc
+            raise
+
     def _check_open(self) -> None:
-        if getattr(self, "_db", None) is None:
+        if getattr(self, "_closed", True):
             raise RuntimeError(f"DiskPS(path={str(self.path)!r}) is closed; open a new DiskPS on the path")
+        if self._failed:
+            self._recover()
+
+    def _recover(self) -> None:
+        """After a write failed for lack of space, RocksDB refuses every later write, even once there
+        is room: close it (its log holds every write that succeeded) and open it again."""
+        with self._lock:
+            self._reopen()
+
+    def _reopen(self) -> None:
+        if not self._failed:  # another thread recovered it meanwhile
+            return
+        if self._db is not None:
+            try:
+                self._db.close()
+            except Exception:  # the writer's earlier error, reported again
+                pass
+            self._db = None
+        self._db = self._open()
+        self._failed = False
 
     def _prefix(self, name: str) -> bytes:
         return b"t" + self._tables[name].to_bytes(2, "big")
@@ -304,13 +333,15 @@ class DiskPS(ParameterServer):
             self._present[name] = held.insert(new, np.arange(len(held), len(held) + len(new)))
 
     def _write(self, batch: Any) -> None:
+        if self._failed:
+            self._recover()
         try:
             self._db.write(batch, self._write_options)
         except Exception as exc:
-            text = str(exc)
-            if "No space" in text or "ENOSPC" in text:
+            if _no_space(exc):
+                self._failed = True
                 raise OSError(errno.ENOSPC, f"DiskPS {str(self.path)!r}: disk full; the push was not applied "
-                              f"(RocksDB: {text})") from exc
+                              f"(RocksDB: {exc})") from exc
             raise
 
     def _all_keys(self, name: str) -> np.ndarray:
@@ -325,7 +356,17 @@ class DiskPS(ParameterServer):
         return np.frombuffer(b"".join(out), ">i8").astype(np.int64) if out else np.zeros(0, np.int64)
 
     def close(self) -> None:
+        """Close the store; every push that returned is on disk (calling close again does nothing)."""
         with self._lock:
-            if getattr(self, "_db", None) is not None:
-                self._db.close()
-                self._db = None
+            db, self._db, self._closed = getattr(self, "_db", None), None, True
+            if db is None:
+                return
+            try:
+                db.close()
+            except Exception as exc:
+                if not self._failed:  # after a full disk RocksDB repeats that error; its log is whole
+                    raise OSError(f"DiskPS {str(self.path)!r}: closing failed (RocksDB: {exc})") from exc
+
+
+def _no_space(exc: BaseException) -> bool:
+    return "No space" in str(exc) or "ENOSPC" in str(exc)

@@ -536,3 +536,41 @@ def test_the_incremental_model_is_a_delta_that_brings_a_save_up_to_date(data, tm
         np.testing.assert_array_equal(np.sort(arrays["keys"]), cache.ps.keys(table.name))
         rows, _ = cache.ps.pull(table.name, arrays["keys"])
         np.testing.assert_array_equal(arrays["vectors"], rows[:, :table.dim])
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs at tmp_path / "disk" (mounting needs root: skipped elsewhere)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()[:100]})")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_store_that_filled_the_disk_takes_pushes_again_once_there_is_room_and_closes_cleanly(small_disk):
+    """RocksDB refuses every write after one fails for lack of space, even once there is room, and
+    its close repeats the error: DiskPS reopens the store and keeps every push that returned."""
+    ps = DiskPS(small_disk / "ps")
+    ps.ensure_table("t", 64)
+    (small_disk / "filler").write_bytes(bytes(5 << 20))
+    pushed = 0
+    with pytest.raises(OSError, match="disk full; the push was not applied") as info:
+        for i in range(100):
+            ps.push("t", np.arange(pushed, pushed + 2000), np.full((2000, 64), i, np.float32))
+            pushed += 2000
+    assert info.value.errno == errno.ENOSPC and pushed > 0 and ps.size("t") == pushed
+    (small_disk / "filler").unlink()
+    ps.push("t", np.arange(pushed, pushed + 10), np.full((10, 64), -1, np.float32))
+    ps.close()
+    ps.close()  # a second close does nothing
+    with pytest.raises(RuntimeError, match=r"DiskPS\(path=.*\) is closed; open a new DiskPS"):
+        ps.pull("t", np.arange(3))
+    with DiskPS(small_disk / "ps") as again:
+        rows, found = again.pull("t", np.array([0, pushed - 1, pushed + 9]))
+        assert found.all() and again.size("t") == pushed + 10
+        assert rows[:, 0].tolist() == [0.0, (pushed - 1) // 2000, -1.0]
