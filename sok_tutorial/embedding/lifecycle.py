@@ -227,9 +227,43 @@ def evicted_since(table: Any, since: int) -> np.ndarray:
     return keys[marks > since]
 
 
+_STATE = ("clock", "sketch", "log_keys", "log_marks", "log_total", "log_floor")
+
+
+def saved_state(table: Any) -> dict[str, np.ndarray]:
+    """What a checkpoint keeps of the table's lifecycle beside its rows: the clock, the admission
+    sketch and the eviction log (so that a restored trainer admits as it would have and can
+    continue its chain of deltas). Empty for a table without lifecycle state."""
+    if not table.lifecycle.active or table.num_shards > 1:
+        return {}
+    return {name: np.asarray(getattr(table, f"_{name}").numpy()) for name in _STATE if hasattr(table, f"_{name}")}
+
+
+def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
+    """Put back what `saved_state` kept (after `reset`); returns what did not fit this table's options
+    (another sketch size or eviction log length), which stays as `reset` left it."""
+    skipped = []
+    for name in _STATE:
+        variable = getattr(table, f"_{name}", None)
+        if name not in state or variable is None:
+            continue
+        if tuple(variable.shape) != state[name].shape:
+            skipped.append(f"{name} (saved {state[name].shape}, this table {tuple(variable.shape)})")
+            continue
+        if name == "clock":
+            variable.assign(max(int(variable.numpy()), int(state[name])))
+        else:
+            variable.assign(state[name])
+    if any(s.startswith("log_") for s in skipped):  # a log of another length: start it afresh, now
+        table._log_total.assign(0)
+        table._log_floor.assign(int(table._clock.numpy()))
+    return skipped
+
+
 def reset(table: Any, marks: np.ndarray | None, counts: np.ndarray | None) -> None:
     """After a restore into rows ``0 .. n-1``: no free rows, no tombstones, an empty log; rows seen
-    at their saved marks (else now), LFU counts as saved (else 0)."""
+    at their saved marks (else now), LFU counts as saved (else 0). A checkpoint then puts back the
+    clock, the admission sketch and the log (`load_state`)."""
     life, n = table.lifecycle, int(table._size.numpy())
     if life.track_changes:
         now = int(table._clock.numpy())

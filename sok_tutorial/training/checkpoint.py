@@ -6,6 +6,7 @@ Layout::
         dense.npz          every model variable that is not an embedding table, by path
         tables/<i>.npz     per table: keys, vectors and optimizer slots of the rows in use
                            (<i>.worker<w>.npz instead: the shards worker w held, multi-worker runs)
+        tables/<i>.lifecycle.npz   a table that forgets: its clock, admission sketch, eviction log
         optimizer.npz      the optimizer's other variables (step count, dense slots)
         manifest.json      what is inside and the training position; written last
 
@@ -21,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ import numpy as np
 
 from kernels import checks
 from sok_tutorial.atomic import atomic_directory, read_json
+from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.table import EmbeddingTable, tables_of
 from sok_tutorial.training.naming import match
 
@@ -127,6 +130,9 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
                 arrays = _table_arrays(table, optimizer, rows)
                 np.savez(tmp / "tables" / f"{i}.npz", **arrays)
                 keys, parts = len(arrays["keys"]), [None]
+                kept = lifecycle.saved_state(table) if rows is None or table.name not in rows else {}
+                if kept:
+                    np.savez(tmp / "tables" / f"{i}.lifecycle.npz", **kept)
             table_entries.append({"layer": _relative(model, table.path),
                                   "rows": getattr(table, "total_rows", table.capacity),
                                   "dim": table.dim, "keys": int(keys), "dynamic": table.dynamic,
@@ -219,8 +225,13 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     dense, position = np.load(path / "dense.npz"), {name: i for i, name in enumerate(saved_dense)}
     for name, v in pairs:
         v.assign(dense[f"v{position[name]}"])
-    for arrays, table in zip(data if tables else [], owned):
+    for i, (arrays, table) in enumerate(zip(data if tables else [], owned)):
         table.restore(arrays, optimizer)
+        if table.lifecycle.active and (path / "tables" / f"{i}.lifecycle.npz").is_file():
+            skipped = lifecycle.load_state(table, dict(np.load(path / "tables" / f"{i}.lifecycle.npz")))
+            if skipped:
+                warnings.warn(f"checkpoint {str(path)!r}, table {table.name}: lifecycle state saved under other "
+                              f"options was not restored: {', '.join(skipped)}", RuntimeWarning, stacklevel=2)
     for i, v in enumerate(others):
         v.assign(saved_optimizer[f"v{i}"])
     return manifest["state"]

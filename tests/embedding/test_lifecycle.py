@@ -253,3 +253,26 @@ def test_the_sok_layers_hand_lifecycle_options_to_their_table():
     again = sok.DistributedEmbedding.from_config(layer.get_config())
     again.build()
     assert again.table.lifecycle == layer.table.lifecycle
+
+
+def test_admission_counts_survive_a_checkpoint(tmp_path):
+    """A key seen min_count - 1 times before a save needs one more sighting after the restore."""
+    import keras
+
+    from sok_tutorial.training import load_checkpoint, save_checkpoint
+
+    def model() -> tuple[keras.Model, EmbeddingTable]:
+        table = EmbeddingTable(16, 2, min_count=3, name="items")
+        return keras.Sequential([keras.Input((1,), dtype="int64"), table]), table
+
+    saved, table = model()
+    for _ in range(2):
+        table(tf.constant([7, 8], tf.int64), training=True)
+    table(tf.constant([8], tf.int64), training=True)
+    assert sorted(table.export()["keys"].tolist()) == [8]  # 7 seen twice: not admitted yet
+    save_checkpoint(tmp_path / "ckpt", saved)
+    restored, again = model()
+    again(tf.constant([1], tf.int64), training=False)  # builds it
+    load_checkpoint(tmp_path / "ckpt", restored)
+    again(tf.constant([7], tf.int64), training=True)
+    assert sorted(again.export()["keys"].tolist()) == [7, 8]

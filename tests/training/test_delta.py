@@ -222,3 +222,26 @@ def test_two_processes_applying_one_chain_leave_a_complete_export(tmp_path):
     served, full = checkpoint.read_tables(serving)[0], checkpoint.read_tables(tmp_path / "full")[0]
     for name, value in by_key(full).items():
         np.testing.assert_array_equal(by_key(served)[name], value)
+
+
+def test_a_trainer_restored_from_a_checkpoint_continues_its_chain_of_deltas(tmp_path):
+    """The eviction log is saved with the checkpoint: after a restore, a delta since the last one
+    still carries every key evicted since, and the chain equals a full export."""
+    model = make_model()
+    model.fit(*day(0), batch_size=64, verbose=0)
+    export_model_tables(model, tmp_path / "serving")
+    model.fit(*day(1), batch_size=64, verbose=0)
+    apply_delta(tmp_path / "serving", export_delta(model, tmp_path / "d1", since=tmp_path / "serving"))
+    model.fit(*day(2), batch_size=64, verbose=0)  # evictions after d1, before the save
+    checkpoint.save_checkpoint(tmp_path / "ckpt", model, model.optimizer)
+    resumed = make_model()
+    resumed.predict(day(0)[0][:1], verbose=0)
+    resumed.optimizer.build(resumed.trainable_variables)
+    checkpoint.load_checkpoint(tmp_path / "ckpt", resumed, resumed.optimizer)
+    resumed.fit(*day(3), batch_size=64, verbose=0)
+    summary = apply_delta(tmp_path / "serving", export_delta(resumed, tmp_path / "d2", since=tmp_path / "d1"))
+    assert summary["emb/emb"]["evicted"] > 0
+    export_model_tables(resumed, tmp_path / "full")
+    served, full = checkpoint.read_tables(tmp_path / "serving")[0], checkpoint.read_tables(tmp_path / "full")[0]
+    for name, value in by_key(full).items():
+        np.testing.assert_array_equal(by_key(served)[name], value)
