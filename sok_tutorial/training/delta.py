@@ -19,7 +19,9 @@ first: same model class, same tables (name, width) and dense variables, and mark
 error naming what differs, and the export is left as it was. So is a delta whose own files do
 not agree (`DeltaError`: a missing or damaged file, keys without vectors, repeated or non-integer
 keys, rows of another width, NaN values, dense variables of other shapes): what is published
-always loads. One process at a time applies deltas to an export (a lock file beside it).
+always loads. One process at a time applies deltas to an export (a lock file beside it). Each
+full export starts a lineage (an id in its manifest) that the deltas continuing from it carry, so a
+delta of another trainer's export is refused too.
 
 The tables must track changes (``track_changes=True``, or any eviction policy). The training
 cache writes its incremental model in this format too
@@ -46,6 +48,7 @@ import fcntl
 import json
 import os
 import time
+import uuid
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -74,9 +77,11 @@ def _marks(model: Any) -> list[int]:
 
 
 def export_model_tables(model: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
-    """A full export of `model` for serving: every table's rows by key, the dense variables and
-    each table's mark (the base the first delta starts from). Loads with `load_checkpoint`."""
-    return save_checkpoint(path, model, None, state={"export": {"marks": _marks(model)}}, overwrite=overwrite)
+    """A full export of `model` for serving: every table's rows by key, the dense variables, each
+    table's mark (the base the first delta starts from) and a new lineage id, which every delta
+    continuing from this export carries. Loads with `load_checkpoint`."""
+    state = {"export": {"marks": _marks(model), "lineage": uuid.uuid4().hex}}
+    return save_checkpoint(path, model, None, state=state, overwrite=overwrite)
 
 
 def _since(since: Any, model: Any) -> list[int]:
@@ -93,16 +98,21 @@ def _since(since: Any, model: Any) -> list[int]:
 
 
 def _read_marks(path: Path, arg: str) -> list[int]:
+    return _read_base(path, arg)[0]
+
+
+def _read_base(path: Path, arg: str) -> tuple[list[int], str | None]:
+    """(each table's mark, the lineage) of an export or delta directory."""
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"{arg}={str(path)!r} is not an export or delta ({MANIFEST} missing)")
     manifest = read_json(path / MANIFEST, "manifest")
     if manifest.get("kind") == "delta":
-        return [t["mark"] for t in manifest["tables"]]
-    marks = manifest.get("state", {}).get("export", {}).get("marks")
-    if marks is None:
+        return [t["mark"] for t in manifest["tables"]], manifest.get("lineage")
+    export = manifest.get("state", {}).get("export", {})
+    if export.get("marks") is None:
         raise ValueError(f"{arg}={str(path)!r} is a checkpoint without table marks, not an export "
                          "(write it with export_model_tables)")
-    return marks
+    return export["marks"], export.get("lineage")
 
 
 def export_delta(model: Any, path: str | os.PathLike, since: Any, *, optimizer: Any = None,
@@ -124,13 +134,16 @@ def export_delta(model: Any, path: str | os.PathLike, since: Any, *, optimizer: 
         arrays["evicted"] = lifecycle.evicted_since(table, start)
         parts.append(arrays)
     dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model, tables)}
-    return write_delta(path, model, parts, starts, _marks(model), dense, overwrite=overwrite)
+    lineage = None if isinstance(since, (int, np.integer)) else _read_base(Path(since), "since")[1]
+    return write_delta(path, model, parts, starts, _marks(model), dense, overwrite=overwrite, lineage=lineage)
 
 
 def write_delta(path: str | os.PathLike, model: Any, parts: Sequence[Mapping[str, np.ndarray]],
                 since: Sequence[int], marks: Sequence[int], dense: Mapping[str, np.ndarray], *,
-                overwrite: bool = False) -> Path:
-    """Write a delta directory from per-table arrays (``keys``, ``vectors``, ..., ``evicted``)."""
+                overwrite: bool = False, lineage: str | None = None) -> Path:
+    """Write a delta directory from per-table arrays (``keys``, ``vectors``, ..., ``evicted``);
+    `lineage`: the id of the export it continues (None: a delta from a bare mark, checked by
+    marks alone)."""
     tables = tables_of(model)
     with atomic_directory(path, overwrite=overwrite, arg="path") as tmp:
         (tmp / "tables").mkdir()
@@ -140,7 +153,8 @@ def write_delta(path: str | os.PathLike, model: Any, parts: Sequence[Mapping[str
             entries.append({"layer": _relative(model, table.path), "dim": table.dim, "since": int(start),
                             "mark": int(mark), "keys": len(arrays["keys"]), "evicted": len(arrays["evicted"])})
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
-        manifest = {"format": FORMAT, "kind": "delta", "model": type(model).__name__, "tables": entries,
+        manifest = {"format": FORMAT, "kind": "delta", "model": type(model).__name__, "lineage": lineage,
+                    "tables": entries,
                     "dense": [{"path": p, "shape": list(a.shape)} for p, a in dense.items()]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return Path(path)
@@ -148,6 +162,10 @@ def write_delta(path: str | os.PathLike, model: Any, parts: Sequence[Mapping[str
 
 def _check(export: dict[str, Any], delta: dict[str, Any], marks: list[int], where: str) -> None:
     problems = []
+    ours, theirs = export.get("state", {}).get("export", {}).get("lineage"), delta.get("lineage")
+    if ours is not None and theirs is not None and ours != theirs:
+        problems.append(f"the delta continues export lineage {theirs}, this export is lineage {ours} (a delta of "
+                        "another trainer's export?)")
     if export["model"] != delta["model"]:
         problems.append(f"model class {delta['model']} vs {export['model']}")
     if len(export["tables"]) != len(delta["tables"]):
@@ -308,6 +326,8 @@ def apply_delta(export_dir: str | os.PathLike, delta_dir: str | os.PathLike, *,
             for name in os.listdir(export_dir):
                 if name.endswith(".npz") and name != "dense.npz":
                     (tmp / name).write_bytes((export_dir / name).read_bytes())  # optimizer.npz: unchanged
-            export["state"] = {**export.get("state", {}), "export": {"marks": [t["mark"] for t in delta["tables"]]}}
+            previous = export.get("state", {}).get("export", {})
+            export["state"] = {**export.get("state", {}),
+                               "export": {**previous, "marks": [t["mark"] for t in delta["tables"]]}}
             (tmp / MANIFEST).write_text(json.dumps(export, indent=2) + "\n")
     return summary

@@ -245,3 +245,25 @@ def test_a_trainer_restored_from_a_checkpoint_continues_its_chain_of_deltas(tmp_
     served, full = checkpoint.read_tables(tmp_path / "serving")[0], checkpoint.read_tables(tmp_path / "full")[0]
     for name, value in by_key(full).items():
         np.testing.assert_array_equal(by_key(served)[name], value)
+
+
+def test_a_delta_of_another_trainers_export_is_refused(tmp_path):
+    """Two trainers with the same layers: each export starts a lineage that its deltas carry, so a
+    delta of the second cannot merge into the first's export (rows of both would serve)."""
+    first, second = make_model(), make_model()
+    for model, name in ((first, "e1"), (second, "e2")):
+        model.fit(*day(0), batch_size=64, verbose=0)
+        export_model_tables(model, tmp_path / name)
+    second.fit(*day(1), batch_size=64, verbose=0)
+    foreign = export_delta(second, tmp_path / "d2", since=tmp_path / "e2")
+    before = _files(tmp_path / "e1")
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"continues export lineage [0-9a-f]{32}, this export is "
+                                                            r"lineage [0-9a-f]{32}"):
+        apply_delta(tmp_path / "e1", foreign)
+    assert _files(tmp_path / "e1") == before
+    apply_delta(tmp_path / "e2", foreign)  # its own export takes it, and keeps its lineage for the next one
+    second.fit(*day(2), batch_size=64, verbose=0)
+    apply_delta(tmp_path / "e2", export_delta(second, tmp_path / "d3", since=foreign))
+    lineages = {json.loads((tmp_path / n / "manifest.json").read_text())["state"]["export"]["lineage"]
+                for n in ("e1", "e2")}
+    assert len(lineages) == 2
