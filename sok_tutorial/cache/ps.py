@@ -83,6 +83,9 @@ class ParameterServer:
     def ensure_table(self, name: str, width: int) -> None:
         """Declare table `name` with rows `width` floats wide (again: the width must match)."""
         self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table name={name!r} is invalid: expected a non-empty str (a store gives its tables back "
+                             "by name, as str)")
         width = checks.positive_int("width", width)
         if name in self.widths and self.widths[name] != width:
             raise ValueError(f"table {name!r} holds rows of width {self.widths[name]}, not {width} (a model or "

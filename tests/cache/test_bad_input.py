@@ -39,6 +39,8 @@ def _file(tmp_path):
 CASES = [
     ("host initial_rows 0", lambda t: HostMemoryPS(initial_rows=0), ValueError, r"initial_rows=0"),
     ("table width 0", lambda t: HostMemoryPS().ensure_table("t", 0), ValueError, r"width=0"),
+    ("table named by an int", lambda t: DiskPS(t / "ps").ensure_table(7, 2), ValueError,
+     r"table name=7 is invalid: expected a non-empty str"),
     ("table width changes", lambda t: _table_of_width_2().ensure_table("t", 3),
      ValueError, r"width 2, not 3"),
     ("pull unknown table", lambda t: HostMemoryPS().pull("none", [1]), KeyError, r"no table 'none'"),

@@ -10,7 +10,13 @@ import pytest
 
 from data_gen.criteo import write_criteo_parquet, write_criteo_tsv
 from data_gen.criteo_tsv import iter_criteo_tsv, preprocess_criteo
-from data_gen.movielens import generate_movielens, read_movielens, write_movielens
+from data_gen.movielens import (
+    MalformedRatingsError,
+    generate_movielens,
+    iter_movielens,
+    read_movielens,
+    write_movielens,
+)
 from data_gen.sok_samples import generate_random_samples, write_random_samples
 
 
@@ -24,7 +30,21 @@ def _occupied(tmp_path):
     return tmp_path / "taken"
 
 
+def _ml_1m(root, ratings: str):
+    (root / "movies.dat").write_text("1::A (1999)::Drama\n")
+    (root / "ratings.dat").write_text(ratings)
+    return root
+
+
 CASES = [
+    ("movielens chunk_bytes 0", lambda t: list(iter_movielens(_ml_1m(t, "1::1::4::5\n"), chunk_bytes=0)), ValueError,
+     r"chunk_bytes=0"),
+    ("movielens empty ratings", lambda t: read_movielens(_ml_1m(t, "")), MalformedRatingsError,
+     r"ratings.dat: holds no ratings"),
+    ("movielens rating a word", lambda t: read_movielens(_ml_1m(t, "1::1::good::5\n")), MalformedRatingsError,
+     r"ratings.dat:1: rating='good' is not a finite number"),
+    ("criteo on_bad_lines", lambda t: list(iter_criteo_tsv(t / "x", on_bad_lines="ignore")), ValueError,
+     r"on_bad_lines='ignore'"),
     ("criteo rows 0", lambda t: write_criteo_parquet(t / "o", 0, progress=False), ValueError, r"num_rows=0"),
     ("criteo parts 0", lambda t: write_criteo_parquet(t / "o", 10, num_parts=0, progress=False), ValueError,
      r"num_parts=0"),

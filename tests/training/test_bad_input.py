@@ -24,6 +24,7 @@ from sok_tutorial.training import (
     save_checkpoint,
 )
 from sok_tutorial.training.checkpoint import checkpoints
+from sok_tutorial.training.delta import apply_delta, export_delta
 
 
 def _model(dynamic: bool = True) -> keras.Model:
@@ -72,7 +73,30 @@ CASES = [
     ("profile start 0", lambda t: ProfileSteps(t, start=0), ValueError, r"start=0"),
     ("op_breakdown no trace", lambda t: op_breakdown(t), FileNotFoundError, r"log_dir_or_trace="),
     ("op_breakdown by", lambda t: op_breakdown(t, by="layer"), ValueError, r"by='layer'"),
+    ("fit min_delta nan", lambda t: fit(_model(), _batches(1), min_delta=float("nan")), ValueError,
+     r"min_delta=nan, expected a finite number"),
+    ("export_delta since a float", lambda t: export_delta(_model(), t / "d", since=1.5), TypeError,
+     r"since=1.5 is invalid: expected an export or delta directory, or a mark"),
+    ("export_delta since nothing", lambda t: export_delta(_model(), t / "d", since=t), FileNotFoundError,
+     r"since=.* is not an export or delta"),
+    ("apply_delta to nothing", lambda t: apply_delta(t / "none", _delta(t)), FileNotFoundError,
+     r"export_dir=.*none' is not an export or delta"),
+    ("apply_delta from nothing", lambda t: apply_delta(t, t / "none"), FileNotFoundError,
+     r"delta_dir=.*none' is not a delta"),
+    ("apply_delta a checkpoint", lambda t: apply_delta(t, save_checkpoint(t / "c", _model())), ValueError,
+     r"delta_dir=.* is not a delta \(manifest kind None\)"),
 ]
+
+
+def _delta(root: Path) -> Path:
+    model = _model(dynamic=True)
+    table = sok.tables_of(model)[0]
+    if not table.lifecycle.track_changes:  # this module's model does not track changes: one that does
+        inp = keras.Input([2], dtype="int64")
+        layer = sok.DistributedEmbedding("sum", 64, 3, slot_num=2, max_nnz=1, track_changes=True, name="items")
+        model = keras.Model(inp, keras.layers.Dense(1)(keras.layers.Flatten()(layer(inp))))
+        model(np.zeros((1, 2), np.int64))
+    return export_delta(model, root / "delta", since=0)
 
 
 @pytest.mark.parametrize("call,error,pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
