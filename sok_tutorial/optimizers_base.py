@@ -224,8 +224,13 @@ class _SparseMixin:
         if trainable_variables is None and self._delegates:
             trainable_variables = self._built_for
         if trainable_variables is None:
-            return super().apply(grads)
+            with precision.sparse_update(self._built_for or getattr(self, "_trainable_variables", [])):
+                return super().apply(grads)
         variables = list(trainable_variables)
+        with precision.sparse_update(variables):
+            return self._apply(grads, variables)
+
+    def _apply(self, grads: list[Any], variables: list[Any]) -> None:
         own, others = self._split(variables)
         if not others:
             return super().apply(grads, variables)

@@ -33,7 +33,12 @@ counts exactly only to 256 in bfloat16 and 2048 in float16.)
 
 Keras' own (dense) optimizers, given such a table, compute in its type, as Keras does for any
 variable: they cast their hyperparameters to it, and in bfloat16 Adam's ``beta_2 = 0.999``
-rounds to 1.0, so its steps are zero. Use `sok_tutorial.optimizers`, which compute in float32.
+rounds to 1.0, so its steps are zero (in float16 they overshoot Adam's bound by orders of
+magnitude). So such a pairing is refused: the table's variable carries a `DenseOptimizerGuard`
+constraint, which a Keras optimizer applies after its update and which raises (under
+``tf.function`` and ``model.fit``, while the step is traced: before any update runs); the
+optimizers of `sok_tutorial.optimizers`, which compute in float32, lift it while they apply
+(`sparse_update`).
 
 Export, checkpoints and the training cache see float32 rows (`EmbeddingTable.export`); float16
 and bfloat16 values are exact in float32, so a restore gives back the stored bits.
@@ -47,11 +52,14 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -184,3 +192,32 @@ def slot_owner(variable: Any) -> tuple[Any, int]:
     """(the table whose rows optimizer variable `variable` holds, its noise stream), or (None, 0)."""
     table = _SLOT_OWNERS.get(id(variable))
     return (table, _STREAMS.get(id(variable), 0)) if table is not None else (None, 0)
+
+
+class DenseOptimizerGuard(keras.constraints.Constraint):
+    """The constraint of a float16 or bfloat16 table's variable: an optimizer that reaches it is a
+    Keras dense optimizer, whose update of such rows is wrong (module docstring), so it raises."""
+
+    def __init__(self, table: str, storage: str):
+        self.table, self.storage = table, storage
+
+    def __call__(self, w: Any) -> Any:
+        raise ValueError(f"{self.table}: a {self.storage} table is being trained by a Keras optimizer, which "
+                         f"updates it in {self.storage} (bfloat16: steps lost to rounding; float16: far too large); "
+                         "use the optimizer of the same name in sok_tutorial.optimizers (e.g. "
+                         "sok_tutorial.optimizers.Adam), which updates in float32 and rounds once")
+
+
+@contextlib.contextmanager
+def sparse_update(variables: Iterable[Any]) -> Iterator[None]:
+    """Lift the `DenseOptimizerGuard` of `variables` while a sparse optimizer applies (it also spares
+    Keras' after-update constraint pass a write of the whole table)."""
+    guarded = [v for v in variables if isinstance(getattr(v, "constraint", None), DenseOptimizerGuard)]
+    guards = [v.constraint for v in guarded]
+    for v in guarded:
+        v.constraint = None
+    try:
+        yield
+    finally:
+        for v, guard in zip(guarded, guards):
+            v.constraint = guard

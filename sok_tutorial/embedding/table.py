@@ -52,7 +52,7 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
-from sok_tutorial.embedding.precision import Precision, compute_dtype
+from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
 
 _OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
@@ -151,6 +151,8 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         self.variable = self.add_weight(name="embedding_variable", shape=(self.capacity, self.dim), autocast=False,
                                         initializer=self._initializer(), trainable=True,
                                         dtype=self.precision.storage)
+        if self.precision.low:  # a Keras dense optimizer would update it in 16 bits: refused
+            self.variable.constraint = DenseOptimizerGuard(self.name, self.precision.storage)
         if self.indexed:
             slots, capacity = key_index.num_slots(self.capacity), self.capacity
             self._slot_rows = self.add_weight(name="slot_rows", shape=(slots,), dtype="int64", trainable=False,

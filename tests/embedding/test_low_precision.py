@@ -215,17 +215,27 @@ def test_a_row_sharded_bfloat16_table_trains_like_one_replica(strategy_of):
     np.testing.assert_allclose(np.stack([two[k] for k in one]), np.stack(list(one.values())), rtol=2**-7, atol=1e-6)
 
 
-def test_keras_dense_optimizers_compute_in_the_storage_type():
-    """Documented pitfall (`sok_tutorial.embedding.precision`): Keras' own optimizers cast their
-    hyperparameters to the variable's type. SGD moves rows; Adam's beta_2 = 0.999 rounds to 1.0 in
-    bfloat16, so its bias correction, and its step, are zero."""
-    for opt, moves in ((keras.optimizers.SGD(0.1), True), (keras.optimizers.Adam(0.01), False)):
-        table = _table("bfloat16", dynamic=False)
-        before = table.variable.numpy().astype(np.float32)
-        _step(table, opt, [3], tf.ones([1, 4]))
-        after = table.variable.numpy()
-        assert after.dtype == ml_dtypes.bfloat16
-        assert bool((after[3].astype(np.float32) != before[3]).all()) is moves
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.Adam(0.01), lambda: keras.optimizers.SGD(0.1)],
+                         ids=["Adam", "SGD"])
+def test_a_keras_dense_optimizer_on_a_16_bit_table_is_refused_before_it_changes_a_row(dtype, make):
+    """Keras' own optimizers update a variable in its type (bfloat16: Adam's beta_2 = 0.999 rounds to
+    1.0 and its steps are zero; float16: steps far beyond Adam's bound); model.fit refuses while
+    tracing its first step, naming the table and the optimizer to use instead."""
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 1000, (64, 3)), rng.integers(0, 2, (64, 1)).astype("float32")
+    model = _model(dtype)
+    model.compile(make(), "binary_crossentropy")
+    model(x[:1])
+    table = sok.tables_of(model)[0]
+    before = table.variable.numpy().astype(np.float32)
+    with pytest.raises(ValueError, match=rf"emb.*: a {dtype} table is being trained by a Keras optimizer.*"
+                                         r"sok_tutorial\.optimizers"):
+        model.fit(x, y, batch_size=32, verbose=0)
+    np.testing.assert_array_equal(table.variable.numpy().astype(np.float32), before)
+    model.compile(optimizers.Adam(0.01), "binary_crossentropy")  # the sparse one trains it
+    model.fit(x, y, batch_size=32, verbose=0)
+    assert (table.variable.numpy().astype(np.float32) != before).any()
 
 
 def test_the_config_round_trips_the_precision():
