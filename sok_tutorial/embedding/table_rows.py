@@ -79,6 +79,10 @@ class RowsByKey:
             values.append(value)
         if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()) and len(np.unique(keys)) != len(keys):
             raise ValueError(f"{self.name}: keys repeat")  # (keys in increasing order are distinct)
+        for name in ("marks", "counts", "key_slots"):  # per key, read by the restore after the rows
+            if name in arrays and np.shape(arrays[name]) != (len(keys),):
+                raise ValueError(f"{self.name}: {name} has shape {np.shape(arrays[name])}, expected ({len(keys)},): "
+                                 "one per key")
         return keys, values, variables
 
     def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:

@@ -267,3 +267,19 @@ def test_a_delta_of_another_trainers_export_is_refused(tmp_path):
     lineages = {json.loads((tmp_path / n / "manifest.json").read_text())["state"]["export"]["lineage"]
                 for n in ("e1", "e2")}
     assert len(lineages) == 2
+
+
+def test_a_checkpoint_whose_per_key_arrays_disagree_is_refused_before_anything_changes(tmp_path):
+    model = make_model()
+    model.fit(*day(0), batch_size=64, verbose=0)
+    checkpoint.save_checkpoint(tmp_path / "ckpt", model)
+    arrays = dict(np.load(tmp_path / "ckpt" / "tables" / "0.npz"))
+    np.savez(tmp_path / "ckpt" / "tables" / "0.npz", **{**arrays, "marks": arrays["marks"][:-1]})
+    other = make_model()
+    other.fit(*day(1), batch_size=64, verbose=0)
+    before = [v.numpy().copy() for v in other.variables]
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"marks has shape \(\d+,\), expected \(\d+,\): one "
+                                                            r"per key"):
+        checkpoint.load_checkpoint(tmp_path / "ckpt", other)
+    for v, b in zip(other.variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
