@@ -12,8 +12,11 @@ from sok_tutorial.embedding import (
     All2AllDenseEmbedding,
     DistributedEmbedding,
     EmbeddingTable,
+    TableSpec,
     VocabularyExhausted,
     group_embedding_lookup_sparse,
+    mixed_dimensions,
+    plan,
 )
 
 
@@ -25,6 +28,19 @@ def _built(capacity: int = 4, dim: int = 2, dynamic: bool = True) -> EmbeddingTa
 
 CASES = [
     ("table capacity 0", lambda: EmbeddingTable(0, 4), ValueError, r"capacity=0"),
+    ("lifecycle ttl_seconds inf", lambda: EmbeddingTable(8, 2, eviction_policy="ttl", ttl_seconds=float("inf")),
+     ValueError, r"ttl_seconds=inf is invalid"),
+    ("lifecycle track_changes 'no'", lambda: EmbeddingTable(8, 2, track_changes="no"), ValueError,
+     r"track_changes='no' is invalid"),
+    ("restore short marks", lambda: _built().restore({"keys": np.arange(2), "vectors": np.zeros((2, 2)),
+                                                      "marks": np.zeros(1, np.int64)}),
+     ValueError, r"marks has shape \(1,\), expected \(2,\)"),
+    ("plan shardings a str", lambda: plan([TableSpec("t", 10, 2)], 2, 1 << 20, global_batch=8,
+                                              shardings="row"), ValueError, r"shardings='row' is invalid"),
+    ("plan link_gbps 0", lambda: plan([TableSpec("t", 10, 2)], 2, 1 << 20, global_batch=8, link_gbps=0),
+     ValueError, r"link_gbps=0 is invalid"),
+    ("mixed_dimensions min above base", lambda: mixed_dimensions([4, 4], 2, min_dim=3), ValueError,
+     r"min_dim=3 is invalid"),
     ("table capacity float", lambda: EmbeddingTable(2.5, 4), ValueError, r"capacity=2\.5"),
     ("table dim negative", lambda: EmbeddingTable(4, -1), ValueError, r"dim=-1"),
     ("table unknown initializer", lambda: EmbeddingTable(4, 2, initializer="orthogonal"), ValueError,
