@@ -135,7 +135,8 @@ def _not_utf8(block: bytes) -> np.ndarray:
         except UnicodeDecodeError:
             return True
         return False
-    return np.array([bad(line) for line in block[:-1].split(b"\n")], bool)
+    lines = block[:-1] if block.endswith(b"\n") else block  # (the last block may end without one)
+    return np.array([bad(line) for line in lines.split(b"\n")], bool)
 
 
 def _convert(block: bytes, path: Path, line_no: np.ndarray, on_bad_lines: str, counter: dict[str, int],

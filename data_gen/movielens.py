@@ -289,12 +289,11 @@ def _ratings(path: Path, sep: str, header: bool, chunk_bytes: int) -> Iterator[p
     lines_before = 0
     with open(path, "rb") as fh:
         if header:
-            first = fh.readline()
+            first = fh.readline().decode("utf-8-sig", "replace").strip()  # (a byte-order mark may lead)
             lines_before = 1
-            names = first.decode("utf-8", "replace").strip().split(sep)
-            if names != list(_RATING_TYPES):
+            if [n.strip().strip('"') for n in first.split(sep)] != list(_RATING_TYPES):
                 raise MalformedRatingsError(f"{path}:1: expected the header {sep.join(_RATING_TYPES)!r}, found "
-                                            f"{first.decode('utf-8', 'replace').strip()!r}")
+                                            f"{first!r}")
         leftover = b""
         while True:
             data = fh.read(chunk_bytes)
@@ -314,7 +313,8 @@ def _ratings(path: Path, sep: str, header: bool, chunk_bytes: int) -> Iterator[p
 
 def _parse_ratings(block: bytes, path: Path, lines_before: int, sep: str) -> pa.Table:
     delimiter = "\t" if sep == "::" else sep
-    longest = max(len(line) for line in block.split(b"\n")) + 2
+    ends = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+    longest = int(np.diff(np.concatenate([[-1], ends, [len(block)]])).max()) + 2
     try:
         table = pcsv.read_csv(io.BytesIO(block), read_options=pcsv.ReadOptions(
             column_names=list(_RATING_TYPES), block_size=max(1 << 20, longest)),

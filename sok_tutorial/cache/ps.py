@@ -91,8 +91,8 @@ class ParameterServer:
             raise ValueError(f"table {name!r} holds rows of width {self.widths[name]}, not {width} (a model or "
                              "optimizer with other slots than the one that wrote this parameter server?)")
         if name not in self.widths:
+            self._create(name, width)  # first: a store that cannot record the table does not list it
             self.widths[name] = width
-            self._create(name, width)
 
     def _check_open(self) -> None:
         """Raise if the store was closed (subclasses that hold a resource say so)."""
@@ -107,6 +107,7 @@ class ParameterServer:
         """(rows ``[n, width]``, found ``[n]``) for `keys`; absent keys get zero rows."""
         width, keys = self._width(name), _keys(keys)
         with self._lock:
+            self._check_open()  # (closed meanwhile by another thread?)
             return self._pull(name, keys, width)
 
     def _checked(self, name: str, keys: Any, rows: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -261,18 +262,17 @@ class DiskPS(ParameterServer):
     def _check_open(self) -> None:
         if getattr(self, "_closed", True):
             raise RuntimeError(f"DiskPS(path={str(self.path)!r}) is closed; open a new DiskPS on the path")
-        if self._failed:
-            self._recover()
+        if self._db is None:  # a reopen after a full disk failed: try again
+            with self._lock:
+                if self._db is None and not self._closed:
+                    self._recover()
 
     def _recover(self) -> None:
         """After a write failed for lack of space, RocksDB refuses every later write, even once there
-        is room: close it (its log holds every write that succeeded) and open it again."""
-        with self._lock:
-            self._reopen()
-
-    def _reopen(self) -> None:
-        if not self._failed:  # another thread recovered it meanwhile
-            return
+        is room: close it (its log holds every write that succeeded) and open it again. Reads go on
+        meanwhile; the next write (under the lock) does this first."""
+        if self._closed:
+            raise RuntimeError(f"DiskPS(path={str(self.path)!r}) is closed; open a new DiskPS on the path")
         if self._db is not None:
             try:
                 self._db.close()
@@ -292,10 +292,16 @@ class DiskPS(ParameterServer):
         return records.view("V11").reshape(-1).tolist()
 
     def _create(self, name: str, width: int) -> None:
-        self._tables[name] = len(self._tables)
+        from rocksdict import WriteBatch
+
+        table_id = len(self._tables)
+        meta = {**{n: (self._tables[n], self.widths[n]) for n in self._tables}, name: (table_id, width)}
+        batch = WriteBatch(raw_mode=True)
+        batch.put(self._META, json.dumps(meta).encode())
+        with self._lock:
+            self._write(batch)  # a full disk: OSError, and the table is not created
+        self._tables[name] = table_id
         self._present[name] = KeyIndex(np.zeros(0, np.int64))
-        meta = {n: (self._tables[n], self.widths[n]) for n in self._tables}
-        self._db.put(self._META, json.dumps(meta).encode(), self._write_options)
 
     def _keys_held(self, name: str) -> KeyIndex:
         if name not in self._present:
@@ -335,7 +341,8 @@ class DiskPS(ParameterServer):
             new = keys[~held.contains(keys)]
             self._present[name] = held.insert(new, np.arange(len(held), len(held) + len(new)))
 
-    def _write(self, batch: Any) -> None:
+    def _write(self, batch: Any) -> None:  # (under self._lock)
+        self._check_open()
         if self._failed:
             self._recover()
         try:

@@ -236,7 +236,10 @@ def saved_state(table: Any) -> dict[str, np.ndarray]:
     continue its chain of deltas). Empty for a table without lifecycle state."""
     if not table.lifecycle.active or table.num_shards > 1:
         return {}
-    return {name: np.asarray(getattr(table, f"_{name}").numpy()) for name in _STATE if hasattr(table, f"_{name}")}
+    state = {name: np.asarray(getattr(table, f"_{name}").numpy()) for name in _STATE if hasattr(table, f"_{name}")}
+    if "sketch" in state:  # saved as depth x width: a sketch of another shape is told apart on restore
+        state["sketch"] = state["sketch"].reshape(table.lifecycle.sketch_depth, table.lifecycle.sketch_width)
+    return state
 
 
 def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
@@ -247,8 +250,13 @@ def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
         variable = getattr(table, f"_{name}", None)
         if name not in state or variable is None:
             continue
-        if tuple(variable.shape) != state[name].shape:
-            skipped.append(f"{name} (saved {state[name].shape}, this table {tuple(variable.shape)})")
+        shape = (table.lifecycle.sketch_depth, table.lifecycle.sketch_width) if name == "sketch" \
+            else tuple(variable.shape)
+        if shape != state[name].shape:
+            skipped.append(f"{name} (saved {state[name].shape}, this table {shape})")
+            continue
+        if name == "sketch":
+            variable.assign(state[name].reshape(-1))
             continue
         if name == "clock":
             variable.assign(max(int(variable.numpy()), int(state[name])))

@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         problems.append(f"dense variables differ ({exc})")
     if len(manifest["tables"]) != len(owned):
         problems.append(f"{len(manifest['tables'])} embedding tables vs {len(owned)}")
-    data = []
+    data, states = [], {}
     for i, (entry, table) in enumerate(zip(manifest["tables"], owned)):
         if entry["dim"] != table.dim:
             problems.append(f"table {entry['layer']}: width {entry['dim']} vs {table.dim}")
@@ -210,6 +211,13 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         except ValueError as exc:
             problems.append(f"table {entry['layer']}: {exc}")
         data.append(arrays)
+        kept = path / "tables" / f"{i}.lifecycle.npz"
+        if tables and table.lifecycle.active and kept.is_file():
+            try:
+                with np.load(kept, allow_pickle=False) as saved:
+                    states[i] = {name: saved[name] for name in saved.files}
+            except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+                problems.append(f"table {entry['layer']}: {kept.name} cannot be read ({type(exc).__name__}: {exc})")
     slot_ids = {id(s) for table in owned for s in table.optimizer_slots(optimizer)}
     others = [v for v in optimizer.variables if id(v) not in slot_ids] if optimizer is not None and optimizer.built \
         else []
@@ -227,8 +235,8 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         v.assign(dense[f"v{position[name]}"])
     for i, (arrays, table) in enumerate(zip(data if tables else [], owned)):
         table.restore(arrays, optimizer)
-        if table.lifecycle.active and (path / "tables" / f"{i}.lifecycle.npz").is_file():
-            skipped = lifecycle.load_state(table, dict(np.load(path / "tables" / f"{i}.lifecycle.npz")))
+        if i in states:
+            skipped = lifecycle.load_state(table, states[i])
             if skipped:
                 warnings.warn(f"checkpoint {str(path)!r}, table {table.name}: lifecycle state saved under other "
                               f"options was not restored: {', '.join(skipped)}", RuntimeWarning, stacklevel=2)

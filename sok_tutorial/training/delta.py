@@ -302,10 +302,13 @@ def apply_delta(export_dir: str | os.PathLike, delta_dir: str | os.PathLike, *,
     reached through a symbolic link is updated where the link points.
     """
     export_dir, delta_dir = Path(os.path.realpath(export_dir)), Path(delta_dir)
+    if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout >= 0:
+        raise ValueError(f"lock_timeout={lock_timeout!r} is invalid: expected seconds >= 0")
     where = f"delta {str(delta_dir)!r}"
     delta = _delta_manifest(delta_dir)
     changes = [_load_npz(delta_dir / "tables" / f"{i}.npz", where) for i in range(len(delta["tables"]))]
     dense = _check_dense(_load_npz(delta_dir / "dense.npz", where), delta["dense"], where)
+    _read_marks(export_dir, "export_dir")  # an export at all, before a lock file is made beside it
     with _export_lock(export_dir, lock_timeout):
         marks = _read_marks(export_dir, "export_dir")
         export = read_json(export_dir / MANIFEST, "export manifest")

@@ -63,6 +63,14 @@ def test_a_token_that_is_not_utf8_names_file_and_line_and_can_be_skipped(tmp_pat
     assert table["label"].to_pylist() == [1, 1, 0] and counter == {"rows": 3, "bad_lines": 1}
 
 
+def test_a_last_line_without_newline_is_judged_on_its_own_bytes(tmp_path):
+    path = tmp_path / "day_5"
+    cats = [f"{i:08x}" for i in range(26)]
+    path.write_bytes(_line().encode() + _line("2", cats=cats[:-1] + ["café"]).encode().rstrip(b"\n"))
+    with pytest.raises(MalformedLineError, match=r"day_5:2: invalid value\(s\) \{'label': '2'\}"):
+        _rows(path)
+
+
 def test_a_line_longer_than_pyarrows_block_is_read(tmp_path):
     path = tmp_path / "day_4"
     cats = [f"{i:08x}" for i in range(26)]

@@ -151,3 +151,12 @@ def test_movies_csv_that_is_not_utf8_names_its_line(tmp_path):
     (tmp_path / "ml" / "movies.csv").write_bytes(b"movieId,title,genres\n1,A,Drama\n2,B\xff,Comedy\n")
     with pytest.raises(MalformedRatingsError, match=r"movies.csv:3: not valid UTF-8"):
         read_movielens(tmp_path / "ml")
+
+
+def test_a_ratings_csv_header_may_carry_a_byte_order_mark_or_quotes(tmp_path):
+    _layout(tmp_path / "ml", "ml-25m", [b"1,1,4,100"])
+    (tmp_path / "ml" / "ratings.csv").write_bytes(b'\xef\xbb\xbf"userId","movieId","rating","timestamp"\n1,1,4,100\n')
+    assert read_movielens(tmp_path / "ml").ratings.num_rows == 1
+    (tmp_path / "ml" / "ratings.csv").write_bytes(b"user,movie,rating,time\n1,1,4,100\n")
+    with pytest.raises(MalformedRatingsError, match=r"ratings.csv:1: expected the header"):
+        read_movielens(tmp_path / "ml")

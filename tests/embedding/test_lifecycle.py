@@ -276,3 +276,23 @@ def test_admission_counts_survive_a_checkpoint(tmp_path):
     load_checkpoint(tmp_path / "ckpt", restored)
     again(tf.constant([7], tf.int64), training=True)
     assert sorted(again.export()["keys"].tolist()) == [7, 8]
+
+
+def test_a_sketch_of_another_shape_is_not_restored(tmp_path):
+    """Depth 4 x width 16 holds as many counters as 2 x 32, but not the same counts: skipped, with a warning."""
+    import keras
+
+    from sok_tutorial.training import load_checkpoint, save_checkpoint
+
+    def model(depth: int, width: int) -> tuple[keras.Model, EmbeddingTable]:
+        table = EmbeddingTable(16, 2, min_count=3, sketch_depth=depth, sketch_width=width, name="items")
+        return keras.Sequential([keras.Input((1,), dtype="int64"), table]), table
+
+    saved, table = model(4, 16)
+    table(tf.constant([7, 7], tf.int64), training=True)
+    save_checkpoint(tmp_path / "ckpt", saved)
+    restored, again = model(2, 32)
+    again(tf.constant([1], tf.int64), training=False)
+    with pytest.warns(RuntimeWarning, match=r"sketch \(saved \(4, 16\), this table \(2, 32\)\)"):
+        load_checkpoint(tmp_path / "ckpt", restored)
+    assert not again._sketch.numpy().any()

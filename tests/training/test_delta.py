@@ -283,3 +283,27 @@ def test_a_checkpoint_whose_per_key_arrays_disagree_is_refused_before_anything_c
         checkpoint.load_checkpoint(tmp_path / "ckpt", other)
     for v, b in zip(other.variables, before):
         np.testing.assert_array_equal(v.numpy(), b)
+
+
+def test_apply_delta_to_a_missing_export_or_with_a_bad_timeout_leaves_no_lock_file(tmp_path):
+    _, serving, delta = _served(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"export_dir=.*nothere' is not an export"):
+        apply_delta(tmp_path / "nothere", delta)
+    with pytest.raises(ValueError, match=r"lock_timeout=None is invalid"):
+        apply_delta(serving, delta, lock_timeout=None)
+    assert not list(tmp_path.glob(".nothere*"))
+
+
+def test_a_damaged_lifecycle_file_is_refused_before_any_row_is_restored(tmp_path):
+    model = make_model()
+    model.fit(*day(0), batch_size=64, verbose=0)
+    checkpoint.save_checkpoint(tmp_path / "ckpt", model)
+    kept = tmp_path / "ckpt" / "tables" / "0.lifecycle.npz"
+    kept.write_bytes(kept.read_bytes()[:40])
+    other = make_model()
+    other.fit(*day(1), batch_size=64, verbose=0)
+    before = [v.numpy().copy() for v in other.variables]
+    with pytest.raises(checkpoint.CheckpointMismatch, match=r"0.lifecycle.npz cannot be read"):
+        checkpoint.load_checkpoint(tmp_path / "ckpt", other)
+    for v, b in zip(other.variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
