@@ -21,6 +21,32 @@ GENERATOR_VERSION = 2
 BLOCK_ROWS = 65_536  # generation unit; part of the output's definition (same seed -> same bytes)
 
 
+def line_blocks(fh: Any, block_bytes: int) -> Iterator[bytes]:
+    """Read the binary file `fh` in blocks of whole lines, about `block_bytes` each (a line longer
+    than a block makes a longer one); the last block may end without a newline."""
+    leftover = b""
+    while True:
+        data = fh.read(block_bytes)
+        buf = leftover + data
+        if not buf:
+            return
+        cut = buf.rfind(b"\n") + 1 if data else len(buf)
+        if cut == 0:  # one line longer than a block: read on
+            leftover = buf
+            continue
+        yield buf[:cut]
+        leftover = buf[cut:]
+
+
+def is_utf8(raw: bytes) -> bool:
+    """Whether `raw` is valid UTF-8 text."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def block_rng(seed: int, stream: int, block: int) -> np.random.Generator:
     """An independent generator for block `block` of stream `stream`: output never depends on how
     many rows are generated at once, and blocks could be generated in any order."""

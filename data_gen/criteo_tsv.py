@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from data_gen._common import is_utf8, line_blocks
 from data_gen.criteo import CAT_NAMES, CONT_NAMES, LABEL_NAME
 from data_gen.criteo_files import find_criteo_files, open_criteo, take_criteo_rows
 from kernels import checks
@@ -66,17 +67,7 @@ def iter_criteo_tsv(path: str | Path, *, on_bad_lines: str = "error", block_byte
     counter.setdefault("bad_lines", 0)
     lines_before = 0
     with open_criteo(path) as fh:
-        leftover = b""
-        while True:
-            data = fh.read(block_bytes)
-            buf = leftover + data
-            if not buf:
-                return
-            cut = buf.rfind(b"\n") + 1 if data else len(buf)
-            if cut == 0:  # one line longer than a block: read on
-                leftover = buf
-                continue
-            block, leftover = buf[:cut], buf[cut:]
+        for block in line_blocks(fh, block_bytes):
             table, n_lines = _parse_block(block, path, lines_before, on_bad_lines, counter)
             lines_before += n_lines
             if table is not None and table.num_rows:
@@ -129,14 +120,8 @@ def _read(block: bytes, types: dict[str, pa.DataType], longest: int) -> pa.Table
 
 def _not_utf8(block: bytes) -> np.ndarray:
     """Per line of `block`, whether it is not valid UTF-8 (pyarrow refuses such a block whole)."""
-    def bad(line: bytes) -> bool:
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            return True
-        return False
     lines = block[:-1] if block.endswith(b"\n") else block  # (the last block may end without one)
-    return np.array([bad(line) for line in lines.split(b"\n")], bool)
+    return np.array([not is_utf8(line) for line in lines.split(b"\n")], bool)
 
 
 def _convert(block: bytes, path: Path, line_no: np.ndarray, on_bad_lines: str, counter: dict[str, int],

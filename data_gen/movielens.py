@@ -33,6 +33,8 @@ from data_gen._common import (
     AucAccumulator,
     block_rng,
     blocks,
+    is_utf8,
+    line_blocks,
     reusable_files,
     write_in_background,
 )
@@ -219,14 +221,6 @@ def movielens_layout(path: str | Path) -> str | None:
 _EXPECTED = "ratings.csv + movies.csv (ml-25m), ratings.dat + movies.dat (ml-1m) or u.data + u.item (ml-100k)"
 
 
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, Any]]:
     """Find the layout, read the (small) movie table and say where the ratings are."""
     if not path.is_dir():
@@ -237,7 +231,7 @@ def _movies_and_ratings_path(path: Path) -> tuple[pd.DataFrame, Path, dict[str, 
             movies = pd.read_csv(path / "movies.csv", dtype={"movieId": np.int64, "title": str, "genres": str})
         except UnicodeDecodeError:
             with open(path / "movies.csv", "rb") as fh:
-                line = next(i for i, raw in enumerate(fh, 1) if not _is_utf8(raw))
+                line = next(i for i, raw in enumerate(fh, 1) if not is_utf8(raw))
             raise MalformedRatingsError(f"{path / 'movies.csv'}:{line}: not valid UTF-8 text") from None
         movies["genres"] = [[] if not isinstance(g, str) or g == _NO_GENRES else g.split("|") for g in movies["genres"]]
         return movies, path / "ratings.csv", {"layout": "ml-25m", "sep": ",", "header": True}
@@ -294,17 +288,7 @@ def _ratings(path: Path, sep: str, header: bool, chunk_bytes: int) -> Iterator[p
             if [n.strip().strip('"') for n in first.split(sep)] != list(_RATING_TYPES):
                 raise MalformedRatingsError(f"{path}:1: expected the header {sep.join(_RATING_TYPES)!r}, found "
                                             f"{first!r}")
-        leftover = b""
-        while True:
-            data = fh.read(chunk_bytes)
-            buf = leftover + data
-            if not buf:
-                return
-            cut = buf.rfind(b"\n") + 1 if data else len(buf)
-            if cut == 0:  # one line longer than a chunk: read on
-                leftover = buf
-                continue
-            block, leftover = buf[:cut], buf[cut:]
+        for block in line_blocks(fh, chunk_bytes):
             table = _parse_ratings(block.replace(b"::", b"\t") if sep == "::" else block, path, lines_before, sep)
             lines_before += block.count(b"\n") + (not block.endswith(b"\n"))
             if table.num_rows:
@@ -334,7 +318,7 @@ def _parse_ratings(block: bytes, path: Path, lines_before: int, sep: str) -> pa.
 
 
 def _check_rating_line(raw: bytes, path: Path, line: int, sep: str, delimiter: str) -> None:
-    if not _is_utf8(raw):
+    if not is_utf8(raw):
         raise MalformedRatingsError(f"{path}:{line}: not valid UTF-8 text")
     fields = raw.decode("utf-8").rstrip("\r").split(delimiter)
     shown = sep.join(fields)
