@@ -214,10 +214,9 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         kept = path / "tables" / f"{i}.lifecycle.npz"
         if tables and table.lifecycle.active and kept.is_file():
             try:
-                with np.load(kept, allow_pickle=False) as saved:
-                    states[i] = {name: saved[name] for name in saved.files}
-            except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-                problems.append(f"table {entry['layer']}: {kept.name} cannot be read ({type(exc).__name__}: {exc})")
+                states[i] = read_npz(kept)
+            except ValueError as exc:
+                problems.append(f"table {entry['layer']}: {exc}")
     slot_ids = {id(s) for table in owned for s in table.optimizer_slots(optimizer)}
     others = [v for v in optimizer.variables if id(v) not in slot_ids] if optimizer is not None and optimizer.built \
         else []
@@ -243,6 +242,18 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     for i, v in enumerate(others):
         v.assign(saved_optimizer[f"v{i}"])
     return manifest["state"]
+
+
+def read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the ``.npz`` file at `path`; a damaged file is a ValueError naming it (a
+    missing one FileNotFoundError), not zipfile's or NumPy's own errors."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path.name} cannot be read ({type(exc).__name__}: {exc}): a damaged file") from None
 
 
 def _manifest(path: Path) -> dict[str, Any]:

@@ -49,7 +49,6 @@ import json
 import os
 import time
 import uuid
-import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +64,7 @@ from sok_tutorial.training.checkpoint import (
     CheckpointMismatch,
     _dense_variables,
     _relative,
+    read_npz,
     read_tables,
     save_checkpoint,
 )
@@ -91,21 +91,20 @@ def _since(since: Any, model: Any) -> list[int]:
         return [int(since)] * n
     if not isinstance(since, (str, os.PathLike)):
         raise TypeError(f"since={since!r} is invalid: expected an export or delta directory, or a mark (int)")
-    marks = _read_marks(Path(since), "since")
+    marks = _read_base(Path(since), "since")[0]
     if len(marks) != n:
         raise ValueError(f"since={str(since)!r} has {len(marks)} tables, the model {n}")
     return marks
-
-
-def _read_marks(path: Path, arg: str) -> list[int]:
-    return _read_base(path, arg)[0]
 
 
 def _read_base(path: Path, arg: str) -> tuple[list[int], str | None]:
     """(each table's mark, the lineage) of an export or delta directory."""
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"{arg}={str(path)!r} is not an export or delta ({MANIFEST} missing)")
-    manifest = read_json(path / MANIFEST, "manifest")
+    return _base_of(read_json(path / MANIFEST, "manifest"), path, arg)
+
+
+def _base_of(manifest: dict[str, Any], path: Path, arg: str) -> tuple[list[int], str | None]:
     if manifest.get("kind") == "delta":
         return [t["mark"] for t in manifest["tables"]], manifest.get("lineage")
     export = manifest.get("state", {}).get("export", {})
@@ -201,13 +200,11 @@ class DeltaError(ValueError):
 
 def _load_npz(path: Path, where: str) -> dict[str, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
+        return read_npz(path)
     except FileNotFoundError:
         raise DeltaError(f"{where}: {path.name} is missing (an incomplete copy?)") from None
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        raise DeltaError(f"{where}: {path.name} cannot be read ({type(exc).__name__}: {exc}): a damaged "
-                         "file") from None
+    except ValueError as exc:
+        raise DeltaError(f"{where}: {exc}") from None
 
 
 def _delta_manifest(delta_dir: Path) -> dict[str, Any]:
@@ -308,10 +305,10 @@ def apply_delta(export_dir: str | os.PathLike, delta_dir: str | os.PathLike, *,
     delta = _delta_manifest(delta_dir)
     changes = [_load_npz(delta_dir / "tables" / f"{i}.npz", where) for i in range(len(delta["tables"]))]
     dense = _check_dense(_load_npz(delta_dir / "dense.npz", where), delta["dense"], where)
-    _read_marks(export_dir, "export_dir")  # an export at all, before a lock file is made beside it
-    with _export_lock(export_dir, lock_timeout):
-        marks = _read_marks(export_dir, "export_dir")
+    _read_base(export_dir, "export_dir")  # an export at all, before a lock file is made beside it
+    with _export_lock(export_dir, lock_timeout):  # read again: another process may have applied a delta
         export = read_json(export_dir / MANIFEST, "export manifest")
+        marks = _base_of(export, export_dir, "export_dir")[0]
         _check(export, delta, marks, f"{where} does not apply to export {str(export_dir)!r}")
         bases = read_tables(export_dir)
         for change, entry, base in zip(changes, delta["tables"], bases):
