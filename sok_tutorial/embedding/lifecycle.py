@@ -250,18 +250,15 @@ def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
         variable = getattr(table, f"_{name}", None)
         if name not in state or variable is None:
             continue
+        value = state[name]
         shape = (table.lifecycle.sketch_depth, table.lifecycle.sketch_width) if name == "sketch" \
             else tuple(variable.shape)
-        if shape != state[name].shape:
-            skipped.append(f"{name} (saved {state[name].shape}, this table {shape})")
+        if value.shape != shape:
+            skipped.append(f"{name} (saved {value.shape}, this table {shape})")
             continue
-        if name == "sketch":
-            variable.assign(state[name].reshape(-1))
-            continue
-        if name == "clock":
-            variable.assign(max(int(variable.numpy()), int(state[name])))
-        else:
-            variable.assign(state[name])
+        if name == "clock":  # never back: `reset` may have moved it to the latest saved mark
+            value = max(int(variable.numpy()), int(value))
+        variable.assign(np.reshape(value, variable.shape))
     if any(s.startswith("log_") for s in skipped):  # a log of another length: start it afresh, now
         table._log_total.assign(0)
         table._log_floor.assign(int(table._clock.numpy()))
