@@ -50,8 +50,7 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "lru_full": ("sgd", "full", {"eviction_policy": "lru"}),
     "lfu_full": ("sgd", "full", {"eviction_policy": "lfu"}),
     "lru_admission": ("sgd", "full_admitted", {"eviction_policy": "lru", "min_count": 2}),
-    "lru_full_f64": ("sgd", "full", {"eviction_policy": "lru", "evict_fraction": 1 / 64}),
-    "lru_full_f8": ("sgd", "full", {"eviction_policy": "lru", "evict_fraction": 1 / 8}),
+    "lru_full_w16": ("sgd", "full", {"eviction_policy": "lru", "bucket_capacity": 16}),
     "roomy_adagrad": ("adagrad", "roomy", {}),
     "lru_full_adagrad": ("adagrad", "full", {"eviction_policy": "lru"}),
 }
@@ -109,8 +108,7 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
     counters: list[tuple[int, int]] = []
 
     def count() -> None:  # (rows evicted so far, rows in use)
-        evicted = int(table._log_total.numpy()) if table.lifecycle.evicts else 0
-        counters.append((evicted, table.size))
+        counters.append((table.evictions, table.size))
 
     _tables.timed(step, data[:fill])
     count()

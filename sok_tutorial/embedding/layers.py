@@ -56,6 +56,7 @@ class _EmbeddingBase(keras.layers.Layer):
                  key_dtype: Any = "int64", embedding_initializer: Any = "random_uniform",
                  sharding: str = "replicated", exchange: str = "all_gather", slot_sizes: Any = None,
                  column_shards: int | None = None, optimizer: Any = None, **kwargs: Any):
+        lifecycle.refuse_removed(kwargs.get("name", type(self).__name__), kwargs)
         self.table_options = {name: kwargs.pop(name) for name in (*lifecycle.OPTIONS, *precision.OPTIONS)
                               if name in kwargs}
         super().__init__(**kwargs)

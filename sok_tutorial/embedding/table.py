@@ -104,10 +104,10 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         optimizer: this table's own optimizer (one of `sok_tutorial.optimizers`), used instead of the
             model's for this table's rows; None: the model's optimizer updates it.
         eviction_policy: ``"lru"``, ``"lfu"`` or ``"ttl"``: a full table evicts rows instead of
-            raising `VocabularyExhausted` (None). With ``ttl`` (steps) or ``ttl_seconds``,
-            ``lfu_decay``, ``evict_fraction`` (rows freed per eviction, of capacity),
-            ``eviction_log`` (evicted keys remembered for delta exports): see
-            `sok_tutorial.embedding.lifecycle`.
+            raising `VocabularyExhausted` (None), within buckets of ``bucket_capacity`` rows (a
+            power of two; the capacity is rounded up to whole buckets). With ``ttl`` (steps) or
+            ``ttl_seconds``, ``lfu_halflife`` (steps per halving of LFU counts), ``eviction_log``
+            (evicted keys remembered for delta exports): see `sok_tutorial.embedding.lifecycle`.
         min_count: a new key gets a row once seen this many times (counted in a count-min sketch
             of ``sketch_depth x sketch_width``); before, it embeds to zeros. ``admit_probability``:
             admit a new key with this probability.
@@ -120,11 +120,12 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
 
     def __init__(self, capacity: int, dim: int, *, dynamic: bool = True, initializer: Any = "random_uniform",
                  optimizer: Any = None, eviction_policy: str | None = None, ttl: int | None = None,
-                 ttl_seconds: float | None = None, lfu_decay: float = 0.5, evict_fraction: float = 1 / 16,
+                 ttl_seconds: float | None = None, lfu_halflife: int = 1000, bucket_capacity: int = 8,
                  min_count: int = 1, admit_probability: float = 1.0, sketch_depth: int = 4,
                  sketch_width: int | None = None, track_changes: bool = False, eviction_log: int | None = None,
                  storage_dtype: str = "float32", stochastic_rounding: bool = False, slot_dtype: str = "float32",
                  **kwargs: Any):
+        lifecycle.refuse_removed(kwargs.get("name", "EmbeddingTable"), kwargs)
         super().__init__(**kwargs)
         self.precision = Precision.create(self.name, storage_dtype, stochastic_rounding, slot_dtype)
         self.optimizer = optimizer_from_config(optimizer)
@@ -134,9 +135,10 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         self.init = init_spec(initializer)
         self.lifecycle = lifecycle.Lifecycle.create(
             self.name, self.capacity, self.dynamic, eviction_policy=eviction_policy, ttl=ttl, ttl_seconds=ttl_seconds,
-            lfu_decay=lfu_decay, evict_fraction=evict_fraction, min_count=min_count,
+            lfu_halflife=lfu_halflife, bucket_capacity=bucket_capacity, min_count=min_count,
             admit_probability=admit_probability, sketch_depth=sketch_depth, sketch_width=sketch_width,
             track_changes=track_changes, eviction_log=eviction_log)
+        self.capacity = self.lifecycle.rows(self.capacity)  # whole buckets
         self.num_shards, self.local_shards, self.strategy = 1, [0], None
 
     # ------------------------------------------------------------------ state
@@ -153,7 +155,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
                                         dtype=self.precision.storage)
         if self.precision.low:  # a Keras dense optimizer would update it in 16 bits: refused
             self.variable.constraint = DenseOptimizerGuard(self.name, self.precision.storage)
-        if self.indexed:
+        if self.indexed and not self.lifecycle.evicts:  # (a table that evicts has a bucketed index)
             slots, capacity = key_index.num_slots(self.capacity), self.capacity
             self._slot_rows = self.add_weight(name="slot_rows", shape=(slots,), dtype="int64", trainable=False,
                                               initializer=keras.initializers.Constant(-1))
@@ -182,13 +184,29 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         if not self.indexed:
             return self.capacity * len(self.local_shards)
         if self.lifecycle.evicts:
-            return int(self._size.numpy()) - int(self._num_free.numpy())
+            return len(lifecycle.live_rows(self))
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     @property
     def evictions(self) -> int:
         """Keys evicted so far (0 for a table without an eviction policy)."""
         return int(self._log_total.numpy()) if self.lifecycle.evicts and self.built else 0
+
+    @property
+    def unplaced(self) -> int:
+        """New keys that found every row of their bucket in use by their own step, so got no row
+        that step (0 for a table without an eviction policy)."""
+        return int(self._unplaced.numpy()) if self.lifecycle.evicts and self.built else 0
+
+    @property
+    def index_bytes_per_row(self) -> int:
+        """Memory of the key index per row of capacity: the bucketed index's keys, marks and counts,
+        or the open-addressing index's slots and row keys (0 for a table of row ids)."""
+        if not self.indexed:
+            return 0
+        if self.lifecycle.evicts:
+            return 8 + (4 if not self.lifecycle.wall_clock else 8) + (4 if self.lifecycle.eviction_policy == "lfu" else 0)
+        return (8 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
         """The variables of `optimizer` holding per-row state of this table (first dimension = rows);
@@ -258,17 +276,22 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
                 with tf.control_dependencies(lifecycle_ops.touch(self, keys, lifecycle_ops.tick(self))):
                     keys = tf.identity(keys)
             return keys, None
-        index = self.index_variables(component)
         if not insert:
-            rows, _ = key_index.lookup(index, keys)
+            if life.evicts:
+                rows = self.buckets.lookup(keys, self._clock.value.read_value())
+            else:
+                rows, _ = key_index.lookup(self.index_variables(component), keys)
             return tf.maximum(rows, 0), rows >= 0
         found = None
-        if life.active:
-            if share is not None or component is not None:
-                raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
-                                 "replica (it is replicated or sharded over several here)")
+        if life.active and (share is not None or component is not None):
+            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
+                             "replica (it is replicated or sharded over several here)")
+        if life.evicts:
+            rows, found, new_keys, new_rows = lifecycle_ops.place_bucketed(self, keys, counts, admission=admission)
+        elif life.active:
             rows, found, new_keys, new_rows = lifecycle_ops.place(self, keys, counts, admission=admission)
         else:
+            index = self.index_variables(component)
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
         initial = tf.cast(keyed_initial_values_tf(new_keys, self.dim, self.init), variable.dtype)  # to nearest

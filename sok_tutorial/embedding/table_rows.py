@@ -7,6 +7,7 @@ pieces (`_keys_and_rows`, `_gather`, `_key_slots`, `_check_fit`, `_assign`, `_lo
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ class RowsByKey:
         if not self.indexed:
             rows = np.arange(self.capacity, dtype=np.int64)
             return rows * self.num_shards + self.local_shards[component], rows
+        if self.lifecycle.evicts:
+            rows, keys, _ = self.buckets.live(lifecycle.mark(self))
+            return keys, rows
         index = self.index_variables(component)
         rows = lifecycle.live_rows(self, component)
         return tf.gather(index.row_keys, rows).numpy(), rows
@@ -51,9 +55,9 @@ class RowsByKey:
                     "key_slots": self._key_slots(component, rows)}
             part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
             if self.lifecycle.track_changes:
-                part["marks"] = self._row_seen.numpy()[rows]
+                part["marks"] = lifecycle.row_marks(self, rows)
             if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = self._row_count.numpy()[rows]
+                part["counts"] = lifecycle.row_counts(self, rows)
             parts.append(part)
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
@@ -93,7 +97,8 @@ class RowsByKey:
             self._check_fit(keys)
 
     def _check_fit(self, keys: np.ndarray) -> None:
-        if self.indexed and len(keys) > self.capacity:
+        # (a table that evicts takes any number: each bucket keeps its most recent or most used keys)
+        if self.indexed and not self.lifecycle.evicts and len(keys) > self.capacity:
             raise ValueError(f"{self.name}: {len(keys):,} keys do not fit max_vocabulary_size_per_gpu="
                              f"{self.capacity:,} rows")
         if not self.indexed and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity):
@@ -106,9 +111,17 @@ class RowsByKey:
         Everything is checked (`check`) before anything is written."""
         keys, values, variables = self._checked(arrays, optimizer)
         self._check_fit(keys)
-        self._assign(0, keys, values, variables)
-        if self.lifecycle.active:
-            lifecycle.reset(self, arrays.get("marks"), arrays.get("counts"))
+        slots = lifecycle.reset(self, keys, arrays.get("marks"), arrays.get("counts")) \
+            if self.lifecycle.active else None
+        if slots is None:
+            self._assign(0, keys, values, variables)
+            return
+        kept = slots >= 0  # a bucketed table: each key at its slot
+        for variable, value in zip(variables, values):
+            target = local_components(variable)[0]
+            full = np.zeros(target.shape, target.dtype.as_numpy_dtype)
+            full[slots[kept]] = value[kept]
+            target.assign(full)
 
     def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
         """Write `keys` and their rows into one local shard (rebuilding its index)."""
@@ -143,6 +156,12 @@ class RowsByKey:
     def write(self, keys: Any, arrays: dict[str, Any], optimizer: Any = None) -> None:
         """Set the rows of `keys` (a dynamic table gives new keys rows): ``vectors`` and ``slot_<j>``."""
         keys, values, variables = self._checked({"keys": keys, **arrays}, optimizer)
-        rows = self.rows(tf.constant(keys), insert=True, admission=False)[0]
+        rows = self.rows(tf.constant(keys), insert=True, admission=False)[0].numpy()
+        placed = rows >= 0  # a bucketed table holds at most bucket_capacity keys of a bucket per call
+        if not placed.all():
+            warnings.warn(f"{self.name}: {int((~placed).sum()):,} of {len(keys):,} keys written found their bucket "
+                          f"full of keys of the same write (bucket_capacity={self.lifecycle.bucket_capacity}) and "
+                          "were left out", RuntimeWarning, stacklevel=2)
         for variable, value in zip(variables, values):
-            variable.value.scatter_update(tf.IndexedSlices(tf.cast(tf.constant(value), variable.dtype), rows))
+            variable.value.scatter_update(tf.IndexedSlices(tf.cast(tf.constant(value[placed]), variable.dtype),
+                                                           rows[placed]))

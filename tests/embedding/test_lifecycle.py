@@ -1,85 +1,79 @@
 """Eviction, admission and change tracking of `EmbeddingTable` (`sok_tutorial.embedding.lifecycle`).
 
-The tables are checked against `Reference`, a plain-Python twin of the policies that assigns
-rows the same way (free rows reused last-freed-first, then fresh rows), so each step's key -> row
-map must match exactly.
+Tables with a policy are checked against `Reference`, a plain-Python bucketed index that places
+keys one at a time by the rules of `sok_tutorial.embedding.buckets`, so each step's key -> slot
+map must match the table's exactly.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding import EmbeddingTable, lifecycle, lifecycle_ops
-
-BINS = lifecycle_ops.BINS
+from sok_tutorial.embedding import EmbeddingTable, lifecycle
+from sok_tutorial.embedding.buckets import bucket_of_np
 
 
 class Reference:
-    """The policies of `lifecycle`, one key at a time."""
+    """The bucketed index, one key at a time: hits touched first, then each new key (in the step's
+    order) takes the lowest-scored slot of its bucket that no key of this step holds."""
 
-    def __init__(self, capacity: int, policy: str, fraction: float, ttl: int | None = None, decay: float = 0.5):
-        self.capacity, self.policy, self.fraction, self.ttl, self.decay = capacity, policy, fraction, ttl, decay
-        self.row_of: dict[int, int] = {}
-        self.key_of: dict[int, int] = {}
-        self.seen: dict[int, int] = {}
-        self.count: dict[int, int] = {}
-        self.free: list[int] = []
-        self.size = self.clock = self.last_expiry = 0
-        self.evicted: list[int] = []
+    def __init__(self, capacity: int, width: int, policy: str, ttl: int | None = None, halflife: int = 1000):
+        self.width, self.policy, self.ttl, self.halflife = width, policy, ttl, halflife
+        self.buckets = capacity // width
+        self.keys, self.marks, self.counts = [0] * capacity, [-1] * capacity, [0] * capacity
+        self.clock, self.evicted, self.unplaced = 0, [], 0
 
-    def _bin(self, row: int, now: int) -> int:
-        if self.policy == "lfu":
-            return BINS - 1 - min(self.count[row], BINS - 1)
-        age = now - self.seen[row]
-        return min(age * 1024 // (self.ttl + 1), BINS - 1) if self.policy == "ttl" else min(age, BINS - 1)
+    def _decayed(self, slot: int, now: int) -> int:
+        return self.counts[slot] >> min(now // self.halflife - max(self.marks[slot], 0) // self.halflife, 62)
+
+    def _score(self, slot: int, now: int) -> int:
+        if self.policy != "lfu" or self.marks[slot] < 0:
+            return self.marks[slot]
+        return min(self._decayed(slot, now), 2**31 - 1) * 2**32 + self.marks[slot]
 
     def step(self, batch: np.ndarray) -> None:
         self.clock += 1
         now = self.clock
         unique, first, counts = np.unique(batch, return_index=True, return_counts=True)
         order = np.argsort(first)  # tf.unique's order: first occurrence
-        unique, counts = unique[order].tolist(), counts[order].tolist()
+        unique, counts = unique[order], counts[order].tolist()
         new = []
-        for key, c in zip(unique, counts):
-            if key in self.row_of:
-                self.seen[self.row_of[key]] = now
-                self.count[self.row_of[key]] += c
+        for key, c, b in zip(unique.tolist(), counts, bucket_of_np(unique, self.buckets).tolist()):
+            span = range(b * self.width, (b + 1) * self.width)
+            slot = next((s for s in span if self.marks[s] >= 0 and self.keys[s] == key), None)
+            if slot is None:
+                new.append((key, c, span))
+            elif self.policy == "ttl" and now - self.marks[slot] > self.ttl:
+                self.marks[slot] = now  # back after expiring: its own slot, a fresh value
             else:
-                new.append((key, c))
-        need = len(new) - (self.capacity - self.size) - len(self.free)
-        due = self.policy == "ttl" and now - self.last_expiry >= max(1, self.ttl // 4)
-        if need > 0 or due:
-            want = max(need, math.ceil(self.fraction * self.capacity)) if need > 0 else 0
-            candidates = [r for r in range(self.size) if r in self.key_of and self.seen[r] != now]
-            if self.policy == "ttl":
-                want = max(want, sum(self._bin(r, now) >= 1024 for r in candidates))
-            chosen = sorted(candidates, key=lambda r: (-self._bin(r, now), r))[:want]
-            threshold = self._bin(chosen[-1], now) if chosen else BINS
-            worse = [r for r in candidates if self._bin(r, now) > threshold]  # freed in row order, then ties
-            victims = worse + [r for r in candidates if self._bin(r, now) == threshold][:want - len(worse)]
-            for r in victims:
-                key = self.key_of.pop(r)
-                del self.row_of[key], self.seen[r]
-                self.count[r] = 0
-                self.evicted.append(key)
-            self.free += victims
-            self.count = {r: int(np.float32(c) * np.float32(self.decay)) for r, c in self.count.items()}
-            self.last_expiry = now
-        reused = min(len(new), len(self.free))
-        rows = self.free[len(self.free) - reused:] + list(range(self.size, self.size + len(new) - reused))
-        del self.free[len(self.free) - reused:]
-        self.size += len(new) - reused
-        assert self.size <= self.capacity
-        for (key, c), row in zip(new, rows):
-            self.row_of[key], self.key_of[row], self.seen[row], self.count[row] = row, key, now, c
+                if self.policy == "lfu":
+                    self.counts[slot] = min(self._decayed(slot, now) + c, 2**31 - 1)
+                self.marks[slot] = now
+        for key, c, span in new:
+            free = [s for s in span if self.marks[s] != now]
+            if not free:
+                self.unplaced += 1
+                continue
+            slot = min(free, key=lambda s: (self._score(s, now), s))
+            if self.marks[slot] >= 0:
+                self.evicted.append(self.keys[slot])
+            self.keys[slot], self.marks[slot], self.counts[slot] = key, now, c
+
+    def held(self) -> dict[int, int]:
+        return {k: s for s, (k, m) in enumerate(zip(self.keys, self.marks)) if m >= 0}
+
+
+def held(table: EmbeddingTable) -> dict[int, int]:
+    """key -> slot of every occupied slot (expired keys included)."""
+    marks, keys = table.buckets.marks.numpy().reshape(-1), table.buckets.keys.numpy().reshape(-1)
+    return {int(keys[s]): int(s) for s in np.flatnonzero(marks >= 0)}
 
 
 def table_map(table: EmbeddingTable) -> dict[int, int]:
-    keys = table._row_keys.numpy()
-    return {int(keys[r]): int(r) for r in lifecycle.live_rows(table)}
+    """key -> row of the live keys."""
+    rows, keys, _ = table.buckets.live(lifecycle.mark(table))
+    return dict(zip(keys.tolist(), rows.tolist()))
 
 
 def stream(steps: int, batch: int, seed: int = 0, drift: int = 7) -> list[np.ndarray]:
@@ -88,30 +82,50 @@ def stream(steps: int, batch: int, seed: int = 0, drift: int = 7) -> list[np.nda
     return [(rng.zipf(1.3, batch) + drift * t).astype(np.int64) for t in range(steps)]
 
 
-@pytest.mark.parametrize("policy, ttl", [("lru", None), ("lfu", None), ("ttl", 6)])
-def test_rows_follow_the_reference_policy_step_by_step(policy, ttl):
-    capacity, fraction = 64, 1 / 8
-    table = EmbeddingTable(capacity, 3, eviction_policy=policy, ttl=ttl, evict_fraction=fraction, eviction_log=4096)
-    ref = Reference(capacity, policy, fraction, ttl)
+@pytest.mark.parametrize("policy, ttl, capacity, width", [("lru", None, 64, 8), ("lfu", None, 64, 8),
+                                                          ("ttl", 6, 64, 8), ("lru", None, 60, 4),
+                                                          ("lfu", None, 48, 16)])
+def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity, width):
+    table = EmbeddingTable(capacity, 3, eviction_policy=policy, ttl=ttl, bucket_capacity=width, lfu_halflife=5,
+                           eviction_log=4096)
+    ref = Reference(table.capacity, width, policy, ttl, halflife=5)
     step = tf.function(lambda keys: table(keys, training=True))
-    evictions = 0
     for batch in stream(60, 40):
         step(tf.constant(batch))
         ref.step(batch)
-        assert table_map(table) == ref.row_of
-        assert table.size == len(ref.row_of) <= capacity
-        evictions = len(ref.evicted)
-    assert evictions > 100  # the stream really forced evictions
-    np.testing.assert_array_equal(lifecycle.evicted_since(table, 0), ref.evicted)
+        assert held(table) == ref.held()
+    assert len(ref.evicted) > 100  # the stream really forced evictions
+    np.testing.assert_array_equal(lifecycle.evicted_since(table, 0)[:len(ref.evicted)], ref.evicted)
+    assert table.unplaced == ref.unplaced
+
+
+def test_capacity_is_rounded_up_to_whole_buckets_and_the_index_is_12_bytes_a_row():
+    table = EmbeddingTable(100, 2, eviction_policy="lru")
+    assert table.capacity == 104 and table.index_bytes_per_row == 12
+    assert EmbeddingTable(100, 2, eviction_policy="lfu", bucket_capacity=16).capacity == 112
+    assert EmbeddingTable(100, 2, eviction_policy="lfu").index_bytes_per_row == 16
+    assert EmbeddingTable(128, 2).index_bytes_per_row == 24 and EmbeddingTable(100, 2).capacity == 100
+    table.build()
+    assert table.variable.shape == (104, 2) and table.buckets.keys.shape == (13, 8)
+
+
+def test_every_int64_is_a_key_and_an_empty_slot_matches_none():
+    table = EmbeddingTable(16, 2, eviction_policy="lru", name="edge")
+    keys = tf.constant([0, -1, -(2**63), 2**63 - 1], tf.int64)
+    assert not table(keys).numpy().any() and table.size == 0  # empty slots hold key 0: no match
+    table(keys, training=True)
+    assert sorted(table.export()["keys"].tolist()) == sorted(keys.numpy().tolist())
+    np.testing.assert_allclose(table(keys).numpy(), table.initial_values(keys.numpy()), rtol=1e-6)
 
 
 def test_evicted_rows_start_from_their_new_keys_initial_vectors_and_are_marked_fresh():
-    table = EmbeddingTable(4, 2, eviction_policy="lru", evict_fraction=0.5)
+    table = EmbeddingTable(4, 2, eviction_policy="lru", bucket_capacity=4)
     table(tf.constant([1, 2, 3, 4], tf.int64), training=True)
     table.fresh_rows(tf.range(4, dtype=tf.int64))  # an optimizer took the first marks
     table.variable.assign(tf.ones([4, 2]) * 9.0)  # trained values
-    table(tf.constant([3, 4, 10], tf.int64), training=True)  # evicts 1 and 2 (oldest); 10 takes a row
+    table(tf.constant([3, 4, 10], tf.int64), training=True)  # evicts 1 (oldest, first slot); 10 takes its row
     row = table_map(table)[10]
+    assert 1 not in table_map(table) and lifecycle.evicted_since(table, 0).tolist() == [1]
     np.testing.assert_allclose(table.variable.numpy()[row], table.initial_values([10])[0])
     fresh = table.fresh_rows(tf.range(4, dtype=tf.int64)).numpy()
     assert fresh.tolist() == [r == row for r in range(4)]
@@ -119,35 +133,38 @@ def test_evicted_rows_start_from_their_new_keys_initial_vectors_and_are_marked_f
 
 
 def test_keys_in_use_this_step_are_never_evicted():
-    table = EmbeddingTable(8, 2, eviction_policy="lru", evict_fraction=1.0)  # evict as much as possible
+    table = EmbeddingTable(8, 2, eviction_policy="lru")  # one bucket
     table(tf.constant(np.arange(8), tf.int64), training=True)
     out = table(tf.constant([0, 1, 2, 100], tf.int64), training=True)
-    assert {0, 1, 2, 100} <= set(table_map(table))
-    assert table.size == 4  # everything else went
+    assert {0, 1, 2, 100} <= set(table_map(table)) and table.size == 8
+    assert lifecycle.evicted_since(table, 0).tolist() == [3]  # the oldest slot not in use, first in bucket order
     assert out.shape == (4, 2)
 
 
-def test_a_batch_with_more_distinct_keys_than_rows_is_an_error_naming_the_table():
-    table = EmbeddingTable(4, 2, eviction_policy="lru", name="tiny")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="tiny: vocabulary exhausted.*after eviction"):
-        table(tf.constant(np.arange(5), tf.int64), training=True)
+def test_new_keys_beyond_their_bucket_get_no_row_that_step_and_are_counted():
+    table = EmbeddingTable(4, 2, eviction_policy="lru", bucket_capacity=4, name="tiny")
+    out = table(tf.constant([5, 6, 7, 8, 9, 5], tf.int64), training=True)  # 5 distinct keys, one bucket of 4
+    assert table.size == 4 and table.unplaced == 1 and table.evictions == 0
+    assert set(table_map(table)) == {5, 6, 7, 8}
+    assert not out.numpy()[4].any() and out.numpy()[0].any()  # 9 embeds to zeros
+    table(tf.constant([9], tf.int64), training=True)  # the next step places it
+    assert 9 in table_map(table) and table.evictions == 1
 
 
-def test_tombstones_trigger_a_rebuild_and_lookups_stay_exact():
-    table = EmbeddingTable(16, 2, eviction_policy="lru", evict_fraction=1 / 16)  # index of 32 slots
-    step = tf.function(lambda keys: table(keys, training=True))
-    ref = Reference(16, "lru", 1 / 16)
-    rebuilt = False
-    for t in range(40):
-        batch = np.arange(4 * t, 4 * t + 6, dtype=np.int64)
-        tombstones = int(table._tombstones.numpy()) if table.built else 0
-        step(tf.constant(batch))
-        ref.step(batch)
-        rebuilt |= int(table._tombstones.numpy()) < tombstones
-        assert table_map(table) == ref.row_of
-    assert rebuilt
-    keys = np.array(sorted(ref.row_of), np.int64)
-    np.testing.assert_allclose(table(tf.constant(keys)).numpy(), table.variable.numpy()[[ref.row_of[k] for k in keys]])
+def test_a_ttl_key_expires_lazily_and_comes_back_with_a_fresh_vector():
+    table = EmbeddingTable(8, 2, eviction_policy="ttl", ttl=2)
+    table(tf.constant([1, 2], tf.int64), training=True)  # clock 1
+    table.variable.assign(tf.ones([8, 2]))
+    for _ in range(2):
+        table(tf.constant([2], tf.int64), training=True)  # clocks 2, 3: key 1 is 2 steps old, alive
+    assert set(table_map(table)) == {1, 2}
+    table(tf.constant([2], tf.int64), training=True)  # clock 4: key 1 is 3 > ttl steps old
+    assert set(table_map(table)) == {2} and not table(tf.constant([1], tf.int64)).numpy().any()
+    assert lifecycle.evicted_since(table, 3).tolist() == [1]  # expired after mark 3
+    slot = held(table)[1]
+    table(tf.constant([1], tf.int64), training=True)
+    assert held(table)[1] == slot  # its own slot back
+    np.testing.assert_allclose(table.variable.numpy()[slot], table.initial_values([1])[0])
 
 
 def test_admission_gives_a_row_only_after_min_count_sightings():
@@ -160,7 +177,8 @@ def test_admission_gives_a_row_only_after_min_count_sightings():
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(table(tf.constant([7, 8], tf.int64), training=True))
     grad = tape.gradient(loss, table.variable)
-    assert grad.indices.numpy().tolist() == [table_map(table)[7]]  # the unadmitted key has no gradient row
+    row = table.rows(tf.constant([7], tf.int64), insert=False)[0].numpy().tolist()
+    assert grad.indices.numpy().tolist() == row  # the unadmitted key has no gradient row
 
 
 def test_admission_probability_is_repeatable_and_about_right():
@@ -172,14 +190,26 @@ def test_admission_probability_is_repeatable_and_about_right():
     assert sizes[0] == sizes[1] and 850 < sizes[0] < 1150
 
 
-def test_lfu_counts_occurrences_and_halves_them_at_each_eviction():
-    table = EmbeddingTable(4, 2, eviction_policy="lfu", evict_fraction=0.25)
+def test_lfu_counts_occurrences_and_evicts_the_least_counted():
+    table = EmbeddingTable(4, 2, eviction_policy="lfu", bucket_capacity=4)
     table(tf.constant([1, 1, 1, 2, 3, 3, 4], tf.int64), training=True)
     assert sorted(zip(table.export()["keys"].tolist(), table.export()["counts"].tolist())) == \
         [(1, 3), (2, 1), (3, 2), (4, 1)]
-    table(tf.constant([5], tf.int64), training=True)  # 2 (count 1, first row of the tie) goes
+    table(tf.constant([5], tf.int64), training=True)  # 2 and 4 tie (count 1, same mark): 2 is first in the bucket
     assert sorted(zip(table.export()["keys"].tolist(), table.export()["counts"].tolist())) == \
-        [(1, 1), (3, 1), (4, 0), (5, 1)]
+        [(1, 3), (3, 2), (4, 1), (5, 1)]
+
+
+@pytest.mark.parametrize("halflife, evicted", [(2, 1), (1000, 2)])
+def test_lfu_counts_halve_every_halflife_without_a_sweep(halflife, evicted):
+    """Key 1 was seen 8 times long ago, keys 2-4 once a step since: with a short halflife its old
+    count has faded below theirs, with a long one it still wins."""
+    table = EmbeddingTable(4, 2, eviction_policy="lfu", bucket_capacity=4, lfu_halflife=halflife)
+    table(tf.constant([1] * 8, tf.int64), training=True)  # clock 1
+    for _ in range(6):
+        table(tf.constant([2, 3, 4], tf.int64), training=True)  # clocks 2-7
+    table(tf.constant([5], tf.int64), training=True)
+    assert lifecycle.evicted_since(table, 0).tolist() == [evicted]
 
 
 def test_track_changes_on_a_static_table_marks_the_rows_a_training_call_used():
@@ -193,7 +223,7 @@ def test_track_changes_on_a_static_table_marks_the_rows_a_training_call_used():
 
 
 def test_the_eviction_log_refuses_a_mark_it_no_longer_covers():
-    table = EmbeddingTable(4, 2, eviction_policy="lru", evict_fraction=0.5, eviction_log=3, name="small_log")
+    table = EmbeddingTable(4, 2, eviction_policy="lru", bucket_capacity=4, eviction_log=3, name="small_log")
     for t in range(6):
         table(tf.constant([10 * t, 10 * t + 1], tf.int64), training=True)
     assert lifecycle.evicted_since(table, 5).tolist() == [30, 31]  # evicted at clock 6 by the last step
@@ -201,26 +231,48 @@ def test_the_eviction_log_refuses_a_mark_it_no_longer_covers():
         lifecycle.evicted_since(table, 1)
 
 
-def test_export_and_restore_keep_marks_and_counts_and_skip_free_rows():
-    table = EmbeddingTable(8, 2, eviction_policy="lfu", evict_fraction=0.5)
+def test_export_and_restore_keep_marks_and_counts():
+    table = EmbeddingTable(8, 2, eviction_policy="lfu")
     table(tf.constant(np.arange(8), tf.int64), training=True)
     table(tf.constant([0, 0, 100], tf.int64), training=True)
     saved = table.export()
-    assert len(saved["keys"]) == table.size == 5  # 4 evicted, 100 took one of their rows
-    other = EmbeddingTable(8, 2, eviction_policy="lfu", evict_fraction=0.5)
+    assert len(saved["keys"]) == table.size == 8 and 100 in saved["keys"]
+    other = EmbeddingTable(8, 2, eviction_policy="lfu")
     other.build()
     other.restore(saved)
     again = other.export()
+    order, back = np.argsort(saved["keys"]), np.argsort(again["keys"])
     for name in ("keys", "vectors", "marks", "counts"):
-        np.testing.assert_array_equal(again[name], saved[name])
+        np.testing.assert_array_equal(again[name][back], saved[name][order])
     assert lifecycle.mark(other) == lifecycle.mark(table)
+    np.testing.assert_allclose(other(tf.constant(saved["keys"])).numpy(), saved["vectors"])
+
+
+def test_a_restore_into_fewer_buckets_keeps_the_most_recent_keys_of_each_and_says_so():
+    table = EmbeddingTable(64, 2, eviction_policy="lru")
+    for t in range(8):
+        table(tf.constant(np.arange(8 * t, 8 * t + 8), tf.int64), training=True)
+    saved = table.export()
+    small = EmbeddingTable(16, 2, eviction_policy="lru", name="small")
+    small.build()
+    with pytest.warns(RuntimeWarning, match=r"small: \d+ of \d+ keys restored did not fit their buckets"):
+        small.restore(saved)
+    kept = small.export()
+    assert 0 < len(kept["keys"]) <= 16
+    for bucket in np.unique(bucket_of_np(saved["keys"], 2)):  # each bucket kept its newest keys
+        mine = bucket_of_np(saved["keys"], 2) == bucket
+        newest = np.sort(saved["marks"][mine])[::-1][:8]
+        assert np.sort(kept["marks"][bucket_of_np(kept["keys"], 2) == bucket])[::-1].tolist() == newest.tolist()
 
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"eviction_policy": "fifo"}, "eviction_policy.*fifo.*lru"),
     ({"min_count": 0}, "min_count=0 is invalid.*>= 1"),
     ({"admit_probability": 1.5}, r"admit_probability=1.5 is invalid.*\(0, 1\]"),
-    ({"evict_fraction": 0}, "evict_fraction=0 is invalid"),
+    ({"evict_fraction": 0.5}, "evict_fraction=0.5 is no longer an option"),
+    ({"eviction_policy": "lru", "bucket_capacity": 6}, "bucket_capacity=6 is invalid: expected a power of two"),
+    ({"eviction_policy": "lru", "capacity": 4}, "capacity=4 is invalid.*at least one bucket"),
+    ({"eviction_policy": "ttl", "ttl": 0}, "ttl"),
     ({"ttl": 5}, "ttl=5.*need eviction_policy='ttl'"),
     ({"eviction_policy": "ttl"}, "exactly one of ttl"),
     ({"eviction_policy": "lru", "dynamic": False}, "need a dynamic table"),
@@ -246,10 +298,10 @@ def test_lifecycle_options_survive_get_config():
 def test_the_sok_layers_hand_lifecycle_options_to_their_table():
     import sok_tutorial as sok
 
-    layer = sok.DistributedEmbedding("sum", 6, 2, slot_num=2, max_nnz=1, eviction_policy="lru", evict_fraction=0.5)
+    layer = sok.DistributedEmbedding("sum", 6, 2, slot_num=2, max_nnz=1, eviction_policy="lru", bucket_capacity=4)
     for t in range(5):
         layer(tf.constant([[4 * t, 4 * t + 1], [4 * t + 2, 4 * t + 3]], tf.int64), training=True)
-    assert layer.table.lifecycle.eviction_policy == "lru" and layer.table.size <= 6
+    assert layer.table.lifecycle.eviction_policy == "lru" and layer.table.size <= layer.table.capacity == 8
     again = sok.DistributedEmbedding.from_config(layer.get_config())
     again.build()
     assert again.table.lifecycle == layer.table.lifecycle

@@ -17,7 +17,7 @@ from sok_tutorial.training.delta import DeltaError, apply_delta, export_delta, e
 
 def make_model(policy: str | None = "lru", track: bool = False) -> keras.Model:
     keys = keras.Input((2,), dtype="int64")
-    options = {"eviction_policy": policy, "evict_fraction": 0.25} if policy else {"track_changes": track}
+    options = {"eviction_policy": policy, "eviction_log": 4096} if policy else {"track_changes": track}
     emb = sok.DistributedEmbedding("sum", 40, 4, slot_num=2, max_nnz=1, name="emb", **options)
     out = keras.layers.Dense(1, name="head")(keras.layers.Flatten()(emb(keys)))
     model = keras.Model(keys, out)

@@ -1,0 +1,298 @@
+"""The bucketed key index of a table that forgets: a key's row is its slot, and eviction happens
+inside the insert, within the key's own bucket.
+
+A table with an ``eviction_policy`` splits its rows into buckets of ``bucket_capacity`` (W)
+slots; a key may only live in the bucket its hash picks, and the slot it takes *is* its row of
+the embedding variable. Per row the index keeps::
+
+    keys   [capacity] int64   the key held by the row (meaningless where the row is empty)
+    marks  [capacity] int32   clock of the row's last training lookup; -1: empty
+    counts [capacity] int32   "lfu" only: occurrences, halved each lfu_halflife steps (lazily)
+
+``bucket b = rows b*W .. b*W + W-1``. Emptiness lives in ``marks``, so every int64 is a key. That
+is 12 bytes of index per row (16 with ``"lfu"``; marks in int64 with ``ttl_seconds``, whose
+clock counts milliseconds), against 24 for the open-addressing index of tables without a policy
+(`sok_tutorial.embedding.index`). There is no row list, free list, tombstone or rebuild.
+
+A training step touches memory in proportion to its keys, never to the capacity:
+
+1. *lookup*: one gather of each key's bucket (W keys and W marks, one cache line each) and a compare;
+2. *touch*: the hits' marks become the step's clock (``"lfu"`` adds their counts);
+3. *insert*: each new key takes the lowest-scored slot of its bucket that no key of this step
+   holds; several new keys in one bucket take its slots in score order (the first new key in the
+   step's order the lowest). Scores: ``"lru"`` and ``"ttl"`` the mark (an empty slot scores -1,
+   so it goes first); ``"lfu"`` the decayed count, ties to the older mark. A key that finds every
+   slot of its bucket taken by this step's keys gets no row this step: it embeds to zeros, as a
+   key not yet admitted does, and is counted (`unplaced`). The previous holders of the slots
+   taken come back from the same call, for the eviction log and deltas.
+
+``"ttl"`` expires lazily: a hit older than ``ttl`` counts as absent; a training lookup gives the
+key its own slot back with a fresh initial value, and until then exports and inference skip it.
+``"lfu"`` decays lazily: a count halves once for each ``lfu_halflife`` epoch boundary since it
+was last touched, computed when it is read; nothing ever sweeps the table.
+
+Bucket-local eviction is an approximation of global LRU (a bucket's oldest key goes, not the
+table's); ``benchmarks/embedding.py --group eviction`` measures the hit rates side by side. The
+design follows NVIDIA HierarchicalKV (buckets with a score per slot, eviction inside the upsert)
+and TorchRec's MPZCH (eviction within a window of slots).
+
+Example:
+    >>> import tensorflow as tf
+    >>> index = BucketedIndex(capacity=8, width=4, policy="lru")
+    >>> index.create(lambda name, shape, dtype, value: tf.Variable(tf.fill(shape, tf.constant(value, dtype))))
+    >>> placed = index.place(tf.constant([10, 11, 12], tf.int64), None, tf.constant(1, tf.int64))
+    >>> sorted(index.live()[1].tolist())
+    [10, 11, 12]
+    >>> (index.lookup(tf.constant([11, 99], tf.int64), tf.constant(1, tf.int64)).numpy() >= 0).tolist()
+    [True, False]
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+_MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
+_EMPTY = -1
+_COUNT_MAX = 2**31 - 1
+
+
+def bucket_of(keys: tf.Tensor, num_buckets: int) -> tf.Tensor:
+    """Bucket of each int64 key in ``[0, num_buckets)``: the top 32 bits of a 64-bit mix, scaled
+    to the bucket count by a multiply and shift (any count, not only powers of two)."""
+    mix = tf.constant(_MIX, tf.uint64)
+    h = tf.bitcast(keys, tf.uint64) * mix
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))) * mix
+    top = tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))
+    return tf.bitcast(tf.bitwise.right_shift(top * tf.constant(num_buckets, tf.uint64), tf.constant(32, tf.uint64)),
+                      tf.int64)
+
+
+def bucket_of_np(keys: np.ndarray, num_buckets: int) -> np.ndarray:
+    """NumPy twin of `bucket_of`."""
+    mix, s32 = np.uint64(_MIX), np.uint64(32)
+    with np.errstate(over="ignore"):
+        h = np.asarray(keys, np.int64).view(np.uint64) * mix
+        h = (h ^ (h >> s32)) * mix
+        return (((h >> s32) * np.uint64(num_buckets)) >> s32).astype(np.int64)
+
+
+@dataclass
+class Placed:
+    """What a training lookup did: the row of each key (-1: none), the keys given a row with a fresh
+    value (new, or a ``"ttl"`` key back after expiring) and their rows, the keys evicted to make
+    room, and how many new keys found no slot."""
+
+    rows: tf.Tensor
+    new_keys: tf.Tensor
+    new_rows: tf.Tensor
+    evicted: tf.Tensor
+    unplaced: tf.Tensor
+
+
+class BucketedIndex:
+    """The index of the module docstring: `create` its variables, then `lookup` and `place` in the
+    graph; `live`, `arrange` and `load` on the host.
+
+    Args:
+        capacity: rows, a whole number of buckets.
+        width: slots of a bucket (``bucket_capacity``), a power of two.
+        policy: ``"lru"``, ``"lfu"`` or ``"ttl"``.
+        ttl: ``"ttl"``: the age (clock units) past which a key has expired.
+        halflife: ``"lfu"``: steps per halving of the counts.
+        mark_dtype: ``"int32"`` (step clock) or ``"int64"`` (millisecond clock).
+    """
+
+    def __init__(self, capacity: int, width: int, policy: str, *, ttl: int | None = None, halflife: int = 1000,
+                 mark_dtype: str = "int32"):
+        self.capacity, self.width, self.policy = int(capacity), int(width), policy
+        self.num_buckets = self.capacity // self.width
+        self.ttl, self.halflife, self.mark_dtype = ttl, int(halflife), tf.as_dtype(mark_dtype)
+        self.keys = self.marks = self.counts = None
+
+    def create(self, weight: Callable[[str, tuple, str, Any], Any]) -> None:
+        """Make the variables with ``weight(name, shape, dtype, initial value)``: keys ``[buckets,
+        W]`` (a bucket is read as one row), marks and counts ``[capacity]`` (written per slot)."""
+        self.keys = weight("row_keys", (self.num_buckets, self.width), "int64", self.empty_keys().reshape(
+            self.num_buckets, self.width))
+        self.marks = weight("row_seen", (self.capacity,), self.mark_dtype.name, _EMPTY)
+        if self.policy == "lfu":
+            self.counts = weight("row_count", (self.capacity,), "int32", 0)
+
+    def empty_keys(self) -> np.ndarray:
+        """The key an empty slot holds: one whose bucket is another (so no lookup can match it), or
+        with a single bucket 0 (its lookups also check the marks)."""
+        first = int(bucket_of_np(np.zeros(1, np.int64), self.num_buckets)[0])
+        other = next((k for k in range(1, 1 << 16) if int(bucket_of_np(np.array([k]), self.num_buckets)[0]) != first),
+                     0)
+        keys = np.zeros(self.capacity, np.int64)
+        keys[first * self.width:(first + 1) * self.width] = other
+        return keys
+
+    @property
+    def bytes_per_row(self) -> int:
+        """Index memory per row: key, mark and (``"lfu"``) count."""
+        return 8 + self.mark_dtype.size + (4 if self.policy == "lfu" else 0)
+
+    # ------------------------------------------------------------------ in the graph
+    def _find(self, keys: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired,
+        mark of the row)."""
+        bucket = bucket_of(keys, self.num_buckets)
+        held_keys = tf.gather(_tf(self.keys), bucket)  # (n, W): one row per key
+        match = tf.equal(held_keys, keys[:, None])
+        if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
+            match &= tf.gather(_tf(self.marks), tf.range(self.width, dtype=tf.int64))[None] >= 0
+        position = tf.reduce_max(tf.where(match, tf.range(self.width, dtype=tf.int64), -1), axis=1)
+        held = position >= 0
+        row = bucket * self.width + tf.maximum(position, 0)
+        mark = tf.cast(tf.gather(_tf(self.marks), row), tf.int64)
+        live = held if self.ttl is None else held & (now - mark <= self.ttl)
+        return bucket, held_keys, row, held, live, mark
+
+    def lookup(self, keys: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """Row of each of the 1-D int64 `keys`, or -1 (absent, or expired at clock `now`)."""
+        _, _, row, _, live, _ = self._find(keys, now)
+        return tf.where(live, row, _EMPTY)
+
+    def _decayed(self, counts: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """LFU counts as of `now`: halved once per halflife epoch boundary since their mark."""
+        epochs = now // self.halflife - tf.maximum(tf.cast(marks, tf.int64), 0) // self.halflife
+        return tf.bitwise.right_shift(tf.cast(counts, tf.int64), tf.minimum(epochs, 62))
+
+    def place(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor,
+              admit: Callable[[tf.Tensor, tf.Tensor | None], tf.Tensor] | None = None) -> Placed:
+        """A training lookup of the distinct `keys` (occurrences `counts`, needed by ``"lfu"``) at
+        clock `now`: touch the held ones, give new ones a slot of their bucket. ``admit(keys,
+        counts)`` of the absent keys says which may have one. Writes the index only; the caller
+        writes the new rows' values."""
+        bucket, held_keys, row, held, live, mark = self._find(keys, now)
+        width, stamp = self.width, tf.cast(now, self.mark_dtype)
+        hits = tf.boolean_mask(row, held)  # expired "ttl" keys too: they take their own row back
+        touched = [_tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
+        if self.policy == "lfu":
+            old = tf.gather(_tf(self.counts), hits)
+            total = self._decayed(old, tf.boolean_mask(mark, held), now) + tf.boolean_mask(counts, held)
+            touched.append(_tf(self.counts).scatter_update(tf.IndexedSlices(
+                tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
+        placing = ~held
+        if admit is not None:  # which of the absent keys may have a row
+            ok = admit(tf.boolean_mask(keys, placing), None if counts is None else tf.boolean_mask(counts, placing))
+            placing = tf.tensor_scatter_nd_update(placing, tf.where(placing), ok)
+        new_keys, new_bucket = tf.boolean_mask(keys, placing), tf.boolean_mask(bucket, placing)
+        spans = new_bucket[:, None] * width + tf.range(width, dtype=tf.int64)  # (m, W): the rows of each bucket
+        with tf.control_dependencies(touched):  # this step's hits are taken
+            marks = tf.gather(_tf(self.marks), spans)
+            score = tf.cast(marks, tf.int64)
+            if self.policy == "lfu":
+                decayed = tf.minimum(self._decayed(tf.gather(_tf(self.counts), spans), marks, now), _COUNT_MAX)
+                score = tf.where(marks >= 0, decayed * (1 << 32) + score, _EMPTY)
+        free = tf.not_equal(marks, stamp)
+        score = tf.where(free, score, np.iinfo(np.int64).max)
+        buckets, group = tf.unique(new_bucket, out_idx=tf.int32)
+        rank, first = _rank_in_group(group, tf.size(buckets))
+        takes = rank < tf.reduce_sum(tf.cast(free, tf.int32), axis=1)
+        position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
+        later = tf.where(takes & (rank > 0))[:, 0]  # the others: the rank-th lowest (few)
+        order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
+        position = tf.tensor_scatter_nd_update(position, later[:, None],
+                                               tf.gather(order, tf.gather(rank, later), batch_dims=1))
+        position = tf.boolean_mask(position, takes)
+        taken = tf.boolean_mask(new_bucket, takes) * width + tf.cast(position, tf.int64)
+        placed_keys, placed_group = tf.boolean_mask(new_keys, takes), tf.boolean_mask(group, takes)
+        pairs = tf.stack([tf.boolean_mask(tf.range(tf.size(new_keys)), takes), position], 1)
+        previous = tf.gather_nd(marks, pairs)
+        new_rows = tf.gather(held_keys, tf.gather(tf.where(placing)[:, 0], first))  # (buckets, W): a row per bucket
+        evicted = tf.boolean_mask(tf.gather_nd(tf.gather(new_rows, placed_group), tf.stack(
+            [tf.range(tf.size(placed_keys)), position], 1)), previous >= 0)
+        new_rows = tf.tensor_scatter_nd_update(new_rows, tf.stack([placed_group, position], 1), placed_keys)
+        with tf.control_dependencies([evicted, previous]):
+            writes = [_tf(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
+                      _tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
+            if self.policy == "lfu":
+                writes.append(_tf(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
+                    tf.boolean_mask(tf.boolean_mask(counts, placing), takes), _COUNT_MAX), tf.int32), taken)))
+        with tf.control_dependencies(writes):
+            rows = tf.where(held, row, _EMPTY)
+            rows = tf.tensor_scatter_nd_update(rows, tf.boolean_mask(tf.where(placing), takes), taken)
+            renewed = held & ~live
+            return Placed(rows, tf.concat([placed_keys, tf.boolean_mask(keys, renewed)], 0),
+                          tf.concat([taken, tf.boolean_mask(row, renewed)], 0), evicted,
+                          tf.size(new_keys, tf.int64) - tf.size(placed_keys, tf.int64))
+
+    # ------------------------------------------------------------------ on the host
+    def live(self, now: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(rows, keys, marks) of the rows holding a key (not expired at clock `now`), row order."""
+        marks = self.marks.numpy()
+        held = marks >= 0
+        if self.ttl is not None and now is not None:
+            held &= now - marks.astype(np.int64) <= self.ttl
+        rows = np.flatnonzero(held).astype(np.int64)
+        return rows, self.keys.numpy().reshape(-1)[rows], marks[rows].astype(np.int64)
+
+    def expired(self, since: int, now: int) -> np.ndarray:
+        """``"ttl"``: keys alive at clock `since` that have expired by `now` (still in their slots)."""
+        if self.ttl is None:
+            return np.zeros(0, np.int64)
+        marks = self.marks.numpy().astype(np.int64)
+        gone = (marks >= 0) & (marks >= since - self.ttl) & (marks < now - self.ttl)
+        return self.keys.numpy().reshape(-1)[gone]
+
+    def arrange(self, keys: np.ndarray, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where `keys` go when loaded into an empty index: (slot of each key, -1 for a key its
+        bucket had no room for), the higher `priority` first within a bucket, then the order given."""
+        bucket = bucket_of_np(keys, self.num_buckets)
+        order = np.lexsort((np.arange(len(keys)), -np.asarray(priority, np.int64), bucket))
+        ranked = bucket[order]
+        starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(keys) else np.zeros(0, np.int64)
+        rank = np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
+        slots = np.full(len(keys), _EMPTY, np.int64)
+        slots[order] = np.where(rank < self.width, ranked * self.width + rank, _EMPTY)
+        return slots, bucket
+
+    def load(self, keys: np.ndarray, slots: np.ndarray, marks: np.ndarray, counts: np.ndarray | None) -> None:
+        """Replace the index with `keys` at `slots` (from `arrange`; -1: left out)."""
+        kept = slots >= 0
+        row_keys, row_marks = self.empty_keys(), np.full(self.capacity, _EMPTY, np.int64)
+        row_keys[slots[kept]], row_marks[slots[kept]] = keys[kept], marks[kept]
+        shape = (self.num_buckets, self.width)
+        self.keys.assign(row_keys.reshape(shape))
+        self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))
+        if self.counts is not None:
+            row_counts = np.zeros(self.capacity, np.int32)
+            row_counts[slots[kept]] = 0 if counts is None else np.minimum(counts[kept], _COUNT_MAX)
+            self.counts.assign(row_counts)
+
+
+def _tf(variable: Any) -> Any:
+    """The TensorFlow variable behind a Keras one (or the TensorFlow variable itself).
+
+    Buckets are read as rows of a ``[B, W]`` view of its value: no copy, since a step's reads
+    finish before its writes, so nothing else holds the buffer when a scatter updates it in place.
+    """
+    value = variable.value
+    return variable if callable(value) else value
+
+
+def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(for each element, how many earlier elements share its group; the first element of each
+    group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as `tf.unique` does).
+
+    In rounds, each settling the first pending element of every group: as many rounds as the
+    largest group, and work in proportion to the elements still pending (no sort)."""
+    n = tf.size(groups)
+    first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
+
+    def body(pending: tf.Tensor, rank: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        group = tf.gather(groups, pending)
+        later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
+            pending, group, num_groups), group), pending))
+        return later, tf.tensor_scatter_nd_add(rank, later[:, None], tf.ones(tf.shape(later), tf.int32))
+
+    start = tf.boolean_mask(tf.range(n), tf.not_equal(tf.gather(first, groups), tf.range(n)))
+    rank = tf.tensor_scatter_nd_add(tf.zeros([n], tf.int32), start[:, None], tf.ones(tf.shape(start), tf.int32))
+    return tf.while_loop(lambda pending, _: tf.size(pending) > 0, body, [start, rank],
+                         shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None])])[1], first
