@@ -205,7 +205,8 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         if not self.indexed:
             return 0
         if self.lifecycle.evicts:
-            return 8 + (4 if not self.lifecycle.wall_clock else 8) + (4 if self.lifecycle.eviction_policy == "lfu" else 0)
+            lfu = self.lifecycle.eviction_policy == "lfu"
+            return 8 + (8 if self.lifecycle.wall_clock else 4) + (4 if lfu else 0)
         return (8 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
@@ -320,11 +321,17 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         Only found rows are read, so only they receive gradient."""
         if found is None:
             return expand(gather_rows(variable, rows), position)
-        present = tf.boolean_mask(rows, found)
+        everyone = tf.reduce_all(found)  # the usual case: no key needs the zero row
+        present = tf.cond(everyone, lambda: rows, lambda: tf.boolean_mask(rows, found))
         vectors = gather_rows(variable, present)
-        vectors = tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0)
-        at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
-        return expand(vectors, tf.gather(at, position))
+
+        def absent_to_zeros() -> tuple[tf.Tensor, tf.Tensor]:
+            at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
+            return (tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0),
+                    tf.gather(at, position))
+
+        vectors, position = tf.cond(everyone, lambda: (vectors, position), absent_to_zeros)
+        return expand(vectors, position)
 
     def call(self, keys: Any, training: Any = None) -> tf.Tensor:
         return self.lookup(keys, training)
