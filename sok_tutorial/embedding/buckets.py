@@ -58,6 +58,7 @@ import tensorflow as tf
 _MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def bucket_of(keys: tf.Tensor, num_buckets: int) -> tf.Tensor:
@@ -146,7 +147,7 @@ class BucketedIndex:
         match = tf.equal(held_keys, keys[:, None])
         if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
             match &= tf.gather(_tf(self.marks), tf.range(self.width, dtype=tf.int64))[None] >= 0
-        position = tf.reduce_max(tf.where(match, tf.range(self.width, dtype=tf.int64), -1), axis=1)
+        position = _position(match)
         held = position >= 0
         row = bucket * self.width + tf.maximum(position, 0)
         mark = tf.cast(tf.gather(_tf(self.marks), row), tf.int64)
@@ -171,56 +172,54 @@ class BucketedIndex:
         writes the new rows' values."""
         bucket, held_keys, row, held, live, mark = self._find(keys, now)
         width, stamp = self.width, tf.cast(now, self.mark_dtype)
-        hits = tf.boolean_mask(row, held)  # expired "ttl" keys too: they take their own row back
+        hit = tf.where(held)[:, 0]
+        hits = tf.gather(row, hit)  # expired "ttl" keys too: they take their own row back
         touched = [_tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
         if self.policy == "lfu":
             old = tf.gather(_tf(self.counts), hits)
-            total = self._decayed(old, tf.boolean_mask(mark, held), now) + tf.boolean_mask(counts, held)
+            total = self._decayed(old, tf.gather(mark, hit), now) + tf.gather(counts, hit)
             touched.append(_tf(self.counts).scatter_update(tf.IndexedSlices(
                 tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
-        placing = ~held
+        new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
-            ok = admit(tf.boolean_mask(keys, placing), None if counts is None else tf.boolean_mask(counts, placing))
-            placing = tf.tensor_scatter_nd_update(placing, tf.where(placing), ok)
-        new_keys, new_bucket = tf.boolean_mask(keys, placing), tf.boolean_mask(bucket, placing)
+            new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
+        new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
         spans = new_bucket[:, None] * width + tf.range(width, dtype=tf.int64)  # (m, W): the rows of each bucket
         with tf.control_dependencies(touched):  # this step's hits are taken
             marks = tf.gather(_tf(self.marks), spans)
-            score = tf.cast(marks, tf.int64)
             if self.policy == "lfu":
                 decayed = tf.minimum(self._decayed(tf.gather(_tf(self.counts), spans), marks, now), _COUNT_MAX)
-                score = tf.where(marks >= 0, decayed * (1 << 32) + score, _EMPTY)
+                score, top = tf.where(marks >= 0, decayed * (1 << 32) + tf.cast(marks, tf.int64), _EMPTY), _INT64_MAX
+            else:
+                score, top = marks, self.mark_dtype.max
         free = tf.not_equal(marks, stamp)
-        score = tf.where(free, score, np.iinfo(np.int64).max)
+        score = tf.where(free, score, top)
         buckets, group = tf.unique(new_bucket, out_idx=tf.int32)
         rank, first = _rank_in_group(group, tf.size(buckets))
-        takes = rank < tf.reduce_sum(tf.cast(free, tf.int32), axis=1)
         position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
-        later = tf.where(takes & (rank > 0))[:, 0]  # the others: the rank-th lowest (few)
+        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
         order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
-        position = tf.tensor_scatter_nd_update(position, later[:, None],
-                                               tf.gather(order, tf.gather(rank, later), batch_dims=1))
-        position = tf.boolean_mask(position, takes)
-        taken = tf.boolean_mask(new_bucket, takes) * width + tf.cast(position, tf.int64)
-        placed_keys, placed_group = tf.boolean_mask(new_keys, takes), tf.boolean_mask(group, takes)
-        pairs = tf.stack([tf.boolean_mask(tf.range(tf.size(new_keys)), takes), position], 1)
-        previous = tf.gather_nd(marks, pairs)
-        new_rows = tf.gather(held_keys, tf.gather(tf.where(placing)[:, 0], first))  # (buckets, W): a row per bucket
-        evicted = tf.boolean_mask(tf.gather_nd(tf.gather(new_rows, placed_group), tf.stack(
-            [tf.range(tf.size(placed_keys)), position], 1)), previous >= 0)
-        new_rows = tf.tensor_scatter_nd_update(new_rows, tf.stack([placed_group, position], 1), placed_keys)
-        with tf.control_dependencies([evicted, previous]):
+        position = tf.tensor_scatter_nd_update(position, later[:, None], tf.gather(
+            order, tf.minimum(tf.gather(rank, later), width - 1), batch_dims=1))
+        take = tf.where(rank < tf.reduce_sum(tf.cast(free, tf.int32), axis=1))[:, 0]
+        position, take_group = tf.gather(position, take), tf.gather(group, take)
+        taken = tf.gather(new_bucket, take) * width + tf.cast(position, tf.int64)
+        placed_keys = tf.gather(new_keys, take)
+        previous = tf.gather(tf.gather(marks, take), position, batch_dims=1)
+        new_rows = tf.gather(held_keys, tf.gather(new, first))  # (buckets, W): a row per bucket
+        evicted = tf.boolean_mask(tf.gather(tf.gather(new_rows, take_group), position, batch_dims=1), previous >= 0)
+        new_rows = tf.tensor_scatter_nd_update(new_rows, tf.stack([take_group, position], 1), placed_keys)
+        with tf.control_dependencies([evicted]):
             writes = [_tf(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
                       _tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
             if self.policy == "lfu":
                 writes.append(_tf(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
-                    tf.boolean_mask(tf.boolean_mask(counts, placing), takes), _COUNT_MAX), tf.int32), taken)))
+                    tf.gather(tf.gather(counts, new), take), _COUNT_MAX), tf.int32), taken)))
         with tf.control_dependencies(writes):
-            rows = tf.where(held, row, _EMPTY)
-            rows = tf.tensor_scatter_nd_update(rows, tf.boolean_mask(tf.where(placing), takes), taken)
-            renewed = held & ~live
-            return Placed(rows, tf.concat([placed_keys, tf.boolean_mask(keys, renewed)], 0),
-                          tf.concat([taken, tf.boolean_mask(row, renewed)], 0), evicted,
+            rows = tf.tensor_scatter_nd_update(tf.where(held, row, _EMPTY), tf.gather(new, take)[:, None], taken)
+            renewed = tf.where(held & ~live)[:, 0]
+            return Placed(rows, tf.concat([placed_keys, tf.gather(keys, renewed)], 0),
+                          tf.concat([taken, tf.gather(row, renewed)], 0), evicted,
                           tf.size(new_keys, tf.int64) - tf.size(placed_keys, tf.int64))
 
     # ------------------------------------------------------------------ on the host
@@ -265,6 +264,20 @@ class BucketedIndex:
             row_counts = np.zeros(self.capacity, np.int32)
             row_counts[slots[kept]] = 0 if counts is None else np.minimum(counts[kept], _COUNT_MAX)
             self.counts.assign(row_counts)
+
+
+def _position(match: tf.Tensor) -> tf.Tensor:
+    """Where the one True of each row of `match` ``[n, W]`` is, or -1 for none. Eight slots pack into
+    the bytes of one uint64, whose only set byte is the position: ``log256`` of it, exactly."""
+    width = int(match.shape[1])
+    if width % 8:
+        return tf.reduce_max(tf.where(match, tf.range(width, dtype=tf.int64), -1), axis=1)
+    words = tf.bitcast(tf.reshape(tf.cast(match, tf.uint8), [-1, width // 8, 8]), tf.uint64)  # (n, W / 8)
+    word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
+        tf.zeros(tf.shape(words)[:1], tf.int64)
+    value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
+    byte = tf.cast(tf.math.log(tf.cast(value, tf.float64)) * (1 / np.log(256)) + 0.5, tf.int64)
+    return tf.where(value != 0, word * 8 + byte, -1)
 
 
 def _tf(variable: Any) -> Any:
