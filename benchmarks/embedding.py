@@ -25,11 +25,13 @@ Group ``index``: the key index alone, lookup + insert of each step's distinct ke
 ``reduce``: summing a step's gradient rows per distinct row, by sparse product and by segment sum.
 
 Group ``eviction`` (``benchmarks/_eviction.py``): the torchrec_shape workload with a drifting key
-stream (50-65k new keys a step) into dynamic tables with SGD (and Adagrad): one with room to spare
-and no policy, with ``track_changes``, and full ones evicting every step or two under
-``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with ``evict_fraction``
-1/64 and 1/8; samples/s (median and amortized), the ratio to the roomy table (goal: LRU at
-capacity >= 0.85x), rows evicted per step, and the per-op profile of the roomy and the LRU table.
+stream (50-75k new keys a step) into dynamic tables with SGD (and Adagrad): one with room to spare
+and no policy, with ``track_changes``, and full ones evicting every step under
+``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with buckets of 16;
+samples/s (median and amortized), the ratio to the roomy table (goals: LRU at capacity >= 0.85x,
+LFU and admission >= 0.8x, LRU with room >= 0.97x), rows evicted and keys left without a row per
+step, index bytes per row, hit rates against exact LRU, delta exports against full ones at three
+churn levels, and the per-op profile of the roomy and the LRU table.
 Group ``memory`` (``benchmarks/_memory.py``): a 1M-id table against `QREmbedding` (2, 4 and 16
 collisions) and `MixedDimensionEmbedding` on the same Zipf keys: bytes and samples/s, each as a
 ratio to the full table.
@@ -169,9 +171,12 @@ def child(argv: list[str]) -> None:
     if case.startswith("torchrec_shape:"):  # torchrec_shape:<static|dynamic>:<optimizer>[:profile]
         parts = case.split(":")
         result = _tables.train(parts[1], parts[2], steps, profile=parts[-1] == "profile")
-    elif case.startswith("eviction:"):  # eviction:<case>[:profile]
+    elif case.startswith("eviction:"):  # eviction:<case>[:profile], eviction:hit_rates, eviction:deltas
         parts = case.split(":")
-        result = _eviction.train(parts[1], steps, profile=parts[-1] == "profile")
+        if parts[1] in ("hit_rates", "deltas"):
+            result = getattr(_eviction, parts[1])(steps)
+        else:
+            result = _eviction.train(parts[1], steps, profile=parts[-1] == "profile")
     elif case.startswith("memory:"):  # memory:<case>
         result = _memory.train(case.split(":")[1], steps)
     elif case.startswith("precision:"):  # precision:<case>[:quick]
@@ -355,7 +360,8 @@ def eviction(args: Any, run: Any) -> None:
         for case in _eviction.CASES:
             results.setdefault(case, []).append(run(f"eviction:{case}", 0, steps, ""))
     profiles = {case: run(f"eviction:{case}:profile", 0, steps, "")["profile"] for case in _eviction.PROFILED}
-    rows, notes = _eviction.report(results, profiles, _eviction.stream(steps))
+    hits, deltas = run("eviction:hit_rates", 0, steps, ""), run("eviction:deltas", 0, steps, "")
+    rows, notes = _eviction.report(results, profiles, _eviction.stream(steps), hits, deltas)
     _bench.report("embedding_eviction", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
