@@ -3,28 +3,32 @@ inside the insert, within the key's own bucket.
 
 A table with an ``eviction_policy`` splits its rows into buckets of ``bucket_capacity`` (W)
 slots; a key may only live in the bucket its hash picks, and the slot it takes *is* its row of
-the embedding variable. Per row the index keeps::
+the embedding variable. The index is::
 
-    keys   [capacity] int64   the key held by the row (meaningless where the row is empty)
-    marks  [capacity] int32   clock of the row's last training lookup; -1: empty
-    counts [capacity] int32   "lfu" only: occurrences, halved each lfu_halflife steps (lazily)
+    keys   [buckets, W] int64  the key held by each row, a bucket per row of the variable, so one
+                               gather reads a key's whole bucket (W = 8: one 64-byte cache line)
+    marks  [capacity] int32    clock of each row's last training lookup; -1: empty
+    counts [capacity] int32    "lfu" only: occurrences, halved each lfu_halflife steps (lazily)
 
-``bucket b = rows b*W .. b*W + W-1``. Emptiness lives in ``marks``, so every int64 is a key. That
-is 12 bytes of index per row (16 with ``"lfu"``; marks in int64 with ``ttl_seconds``, whose
-clock counts milliseconds), against 24 for the open-addressing index of tables without a policy
-(`sok_tutorial.embedding.index`). There is no row list, free list, tombstone or rebuild.
+An empty row holds a key of another bucket, which no lookup of this bucket can match, so every
+int64 is a key and a lookup needs no marks (a one-bucket table, which has no other bucket, checks
+them). That is 12 bytes of index per row (16 with ``"lfu"``; marks in int64 with
+``ttl_seconds``, whose clock counts milliseconds), against 24 for the open-addressing index of
+tables without a policy (`sok_tutorial.embedding.index`). There is no row list, free list,
+tombstone or rebuild.
 
 A training step touches memory in proportion to its keys, never to the capacity:
 
-1. *lookup*: one gather of each key's bucket (W keys and W marks, one cache line each) and a compare;
+1. *lookup*: one gather of each key's bucket of keys, a compare, and the mark of the row found;
 2. *touch*: the hits' marks become the step's clock (``"lfu"`` adds their counts);
-3. *insert*: each new key takes the lowest-scored slot of its bucket that no key of this step
-   holds; several new keys in one bucket take its slots in score order (the first new key in the
-   step's order the lowest). Scores: ``"lru"`` and ``"ttl"`` the mark (an empty slot scores -1,
+3. *insert*: each new key takes the lowest-scored row of its bucket that no key of this step
+   holds; several new keys in one bucket take its rows in score order (the first new key in the
+   step's order the lowest). Scores: ``"lru"`` and ``"ttl"`` the mark (an empty row scores -1,
    so it goes first); ``"lfu"`` the decayed count, ties to the older mark. A key that finds every
-   slot of its bucket taken by this step's keys gets no row this step: it embeds to zeros, as a
-   key not yet admitted does, and is counted (`unplaced`). The previous holders of the slots
-   taken come back from the same call, for the eviction log and deltas.
+   row of its bucket taken by this step's keys gets no row this step: it embeds to zeros, as a
+   key not yet admitted does, and is counted (`unplaced`). The previous holders of the rows taken
+   come back from the same call, for the eviction log and deltas; the buckets that took keys are
+   written back as whole rows of ``keys``.
 
 ``"ttl"`` expires lazily: a hit older than ``ttl`` counts as absent; a training lookup gives the
 key its own slot back with a fresh initial value, and until then exports and inference skip it.
@@ -39,7 +43,7 @@ and TorchRec's MPZCH (eviction within a window of slots).
 Example:
     >>> import tensorflow as tf
     >>> index = BucketedIndex(capacity=8, width=4, policy="lru")
-    >>> index.create(lambda name, shape, dtype, value: tf.Variable(tf.fill(shape, tf.constant(value, dtype))))
+    >>> index.create(lambda name, shape, dtype, value: tf.Variable(tf.cast(tf.broadcast_to(value, shape), dtype)))
     >>> placed = index.place(tf.constant([10, 11, 12], tf.int64), None, tf.constant(1, tf.int64))
     >>> sorted(index.live()[1].tolist())
     [10, 11, 12]

@@ -1,9 +1,10 @@
 """The key index of a dynamic embedding table, in the graph: any int64 key gets a row on first sight.
 
-The index is three variables of the table (of each shard, when the table is sharded)::
+This is the index of a table that never drops a key (no eviction policy); a table with one has
+the bucketed index of `sok_tutorial.embedding.buckets`. It is three variables of the table (of
+each shard, when the table is sharded)::
 
-    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty,
-                                 -2 for a tombstone (an evicted key: lookups probe past it)
+    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty
     row_keys   [capacity] int64  the key of each row; rows 0 .. size-1 are in use
     size       [] int64          rows in use; a new key gets row ``size``
 

@@ -339,6 +339,21 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
     def compute_output_shape(self, input_shape: Any) -> tuple:
         return (*input_shape, self.dim)
 
+    def load_own_variables(self, store: Any) -> None:
+        """Keras weights files: a table with a policy refuses weights of another index layout (an older
+        format, or another ``bucket_capacity``) with a message saying so, before writing anything."""
+        if self.lifecycle.evicts:
+            mine = [tuple(v.shape) for v in self.variables]
+            theirs = [tuple(store[str(i)].shape) for i in range(len(store.keys()))]
+            if mine != theirs:
+                raise ValueError(
+                    f"{self.name}: these weights hold another key index layout ({len(theirs)} variables; this table "
+                    f"has the bucketed index of bucket_capacity={self.lifecycle.bucket_capacity}, {len(mine)} "
+                    "variables: row_keys [buckets, bucket_capacity], row_seen and the eviction log). Load them into "
+                    "a table built the same way, or move the rows by key: save_checkpoint, then load_checkpoint "
+                    "(sok_tutorial.training), which re-hashes every key into this table's buckets")
+        super().load_own_variables(store)
+
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), **self.lifecycle.config(), **self.precision.config(),
                 "capacity": self.capacity, "dim": self.dim, "dynamic": self.dynamic,

@@ -348,3 +348,45 @@ def test_a_sketch_of_another_shape_is_not_restored(tmp_path):
     with pytest.warns(RuntimeWarning, match=r"sketch \(saved \(4, 16\), this table \(2, 32\)\)"):
         load_checkpoint(tmp_path / "ckpt", restored)
     assert not again._sketch.numpy().any()
+
+
+def test_a_wall_clock_ttl_table_keeps_millisecond_marks():
+    table = EmbeddingTable(16, 2, eviction_policy="ttl", ttl_seconds=3600)
+    table(tf.constant([3, 4], tf.int64), training=True)
+    assert table.index_bytes_per_row == 16 and table.buckets.marks.dtype == "int64"
+    assert (table.export()["marks"] > 1_600_000_000_000).all()  # milliseconds since 1970
+    assert sorted(table_map(table)) == [3, 4]
+
+
+def test_the_admission_sketch_halves_after_ten_counts_per_row():
+    """Key 7 seen twice, then 160 counts (10 x capacity 16) halve the sketch: one more sighting
+    is not enough any more; in a larger table, whose sketch has not halved yet, it is."""
+    def run(capacity: int) -> list[int]:
+        table = EmbeddingTable(capacity, 2, min_count=3, sketch_width=4096)  # wide: no collisions to speak of
+        table(tf.constant([7, 7], tf.int64), training=True)
+        table(tf.constant(np.arange(1000, 1158), tf.int64), training=True)  # 158 more counts: 160 in all
+        table(tf.constant([7], tf.int64), training=True)
+        return sorted(table.export()["keys"].tolist())
+
+    assert run(16) == [] and run(1000) == [7]
+
+
+def test_keras_weights_of_another_index_layout_are_refused_naming_it(tmp_path):
+    import keras
+
+    def model(width: int) -> keras.Model:
+        table = EmbeddingTable(32, 2, eviction_policy="lru", bucket_capacity=width, name="items")
+        return keras.Sequential([keras.Input((1,), dtype="int64"), table])
+
+    saved = model(8)
+    saved.layers[0](tf.constant([[5]], tf.int64), training=True)
+    saved.save_weights(tmp_path / "w.weights.h5")
+    other = model(4)
+    before = [v.numpy().copy() for v in other.layers[0].variables]
+    with pytest.raises(ValueError, match="items: these weights hold another key index layout.*bucket_capacity=4"):
+        other.load_weights(tmp_path / "w.weights.h5")
+    for v, b in zip(other.layers[0].variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)  # nothing written
+    again = model(8)
+    again.load_weights(tmp_path / "w.weights.h5")
+    assert table_map(again.layers[0]) == table_map(saved.layers[0])
