@@ -164,9 +164,10 @@ class BucketedIndex:
         return tf.where(live, row, _EMPTY)
 
     def _decayed(self, counts: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """LFU counts as of `now`: halved once per halflife epoch boundary since their mark."""
-        epochs = now // self.halflife - tf.maximum(tf.cast(marks, tf.int64), 0) // self.halflife
-        return tf.bitwise.right_shift(tf.cast(counts, tf.int64), tf.minimum(epochs, 62))
+        """LFU counts as of `now` (int32): halved once per halflife epoch boundary since their mark."""
+        epoch = tf.cast(now // self.halflife, tf.int32)  # a step clock: marks are int32
+        since = epoch - tf.maximum(tf.cast(marks, tf.int32), 0) // self.halflife
+        return tf.bitwise.right_shift(tf.cast(counts, tf.int32), tf.minimum(since, 31))
 
     def place(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor,
               admit: Callable[[tf.Tensor, tf.Tensor | None], tf.Tensor] | None = None) -> Placed:
@@ -181,18 +182,18 @@ class BucketedIndex:
         touched = [_tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
         if self.policy == "lfu":
             old = tf.gather(_tf(self.counts), hits)
-            total = self._decayed(old, tf.gather(mark, hit), now) + tf.gather(counts, hit)
+            total = tf.cast(self._decayed(old, tf.gather(mark, hit), now), tf.int64) + tf.gather(counts, hit)
             touched.append(_tf(self.counts).scatter_update(tf.IndexedSlices(
                 tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
         new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
             new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
-        spans = new_bucket[:, None] * width + tf.range(width, dtype=tf.int64)  # (m, W): the rows of each bucket
+        spans = tf.cast(new_bucket, tf.int32)[:, None] * width + tf.range(width)  # (m, W): the rows of each bucket
         with tf.control_dependencies(touched):  # this step's hits are taken
             marks = tf.gather(_tf(self.marks), spans)
             if self.policy == "lfu":
-                decayed = tf.minimum(self._decayed(tf.gather(_tf(self.counts), spans), marks, now), _COUNT_MAX)
+                decayed = tf.cast(self._decayed(tf.gather(_tf(self.counts), spans), marks, now), tf.int64)
                 score, top = tf.where(marks >= 0, decayed * (1 << 32) + tf.cast(marks, tf.int64), _EMPTY), _INT64_MAX
             else:
                 score, top = marks, self.mark_dtype.max

@@ -135,7 +135,7 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
     slots = home_slots(keys, index.bits)
     row, hit = _probe(index, keys, slots)
     rows = tf.where(hit, row, _EMPTY)
-    pending = tf.where(~hit & (row != _EMPTY))[:, 0]  # another key (or a tombstone) sits there: probe on
+    pending = tf.where(~hit & (row != _EMPTY))[:, 0]  # another key sits there: probe on
 
     def body(pos: tf.Tensor, at: tf.Tensor, done: tf.Tensor, found: tf.Tensor, ended: tf.Tensor) -> tuple:
         at = (at + 1) & mask

@@ -112,6 +112,9 @@ class Lifecycle:
             raise ValueError(f"bucket_capacity={bucket_capacity!r} is invalid: expected a power of two (8: one "
                              "64-byte cache line of int64 keys)")
         checks.positive_int("lfu_halflife", lfu_halflife)
+        if eviction_policy is not None and capacity >= 2**31 - width:
+            raise ValueError(f"{name}: capacity={capacity} is invalid with eviction_policy={eviction_policy!r}: "
+                             "expected fewer than 2**31 rows per table (shard the table)")
         if eviction_policy is not None and capacity < width:
             raise ValueError(f"{name}: capacity={capacity} is invalid with eviction_policy={eviction_policy!r}: "
                              f"expected at least one bucket (bucket_capacity={width} rows)")
