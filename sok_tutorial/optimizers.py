@@ -73,10 +73,10 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
     """``keras.optimizers.SGD`` that updates only the touched rows of sparse gradients."""
 
     def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
-        fresh = _fresh(variable, rows)
-        if self.momentum == 0:
+        if self.momentum == 0:  # no per-row state: a fresh-row mark left set only restarts slots still at zero
             _write(self, variable, rows, _gather(variable, rows) - g * lr)
             return None
+        fresh = _fresh(variable, rows)
         momentum = tf.cast(self.momentum, g.dtype)
         m = self.momentums[self._get_variable_index(variable)]
         m_new = _restart(_gather(m, rows), fresh) * momentum - g * lr

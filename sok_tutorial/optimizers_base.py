@@ -80,7 +80,9 @@ def _slot_dtype(variable: Any) -> Any:
 def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
     """Which of `rows` (distinct) of a table went to a new key since their last update, bool ``[U]``,
     clearing the marks; None for other variables and for tables that never reuse a row. Call it
-    once per update of a variable's rows, slots or not, so that the marks are cleared."""
+    once per update of a variable's rows by an optimizer with per-row slots, so that the marks are
+    cleared (plain SGD, which has none, skips it: a mark it leaves set restarts, at the first update
+    by another optimizer, slots that start at zero anyway)."""
     table = table_of(variable)
     return None if table is None else table.fresh_rows(rows)
 

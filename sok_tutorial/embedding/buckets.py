@@ -145,7 +145,7 @@ class BucketedIndex:
     # ------------------------------------------------------------------ in the graph
     def _find(self, keys: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired,
-        mark of the row)."""
+        mark of the row (None under ``"lru"``))."""
         bucket = bucket_of(keys, self.num_buckets)
         held_keys = tf.gather(_tf(self.keys), bucket)  # (n, W): one row per key
         match = tf.equal(held_keys, keys[:, None])
@@ -154,6 +154,8 @@ class BucketedIndex:
         position = _position(match)
         held = position >= 0
         row = bucket * self.width + tf.maximum(position, 0)
+        if self.policy == "lru":  # (the mark of a hit matters to expiry and to LFU's decay only)
+            return bucket, held_keys, row, held, held, None
         mark = tf.cast(tf.gather(_tf(self.marks), row), tf.int64)
         live = held if self.ttl is None else held & (now - mark <= self.ttl)
         return bucket, held_keys, row, held, live, mark
@@ -222,10 +224,11 @@ class BucketedIndex:
                     tf.gather(tf.gather(counts, new), take), _COUNT_MAX), tf.int32), taken)))
         with tf.control_dependencies(writes):
             rows = tf.tensor_scatter_nd_update(tf.where(held, row, _EMPTY), tf.gather(new, take)[:, None], taken)
-            renewed = tf.where(held & ~live)[:, 0]
-            return Placed(rows, tf.concat([placed_keys, tf.gather(keys, renewed)], 0),
-                          tf.concat([taken, tf.gather(row, renewed)], 0), evicted,
-                          tf.size(new_keys, tf.int64) - tf.size(placed_keys, tf.int64))
+            if self.ttl is not None:  # expired keys back in their own rows: fresh values too
+                renewed = tf.where(held & ~live)[:, 0]
+                placed_keys = tf.concat([placed_keys, tf.gather(keys, renewed)], 0)
+                taken = tf.concat([taken, tf.gather(row, renewed)], 0)
+            return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(take, tf.int64))
 
     # ------------------------------------------------------------------ on the host
     def live(self, now: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
