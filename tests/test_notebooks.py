@@ -155,6 +155,9 @@ def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert all(0.5 < a < 1 for a in m["mean_next_day_auc"].values())
     assert m["served_max_abs_diff"] < 1e-6 and m["served_auc"] == m["next_day_auc"]["lru"][1:]
     assert all(d < f for d, f in zip(m["delta_bytes"], m["full_export_bytes"]))
+    assert m["index_bytes_per_row"]["lru"] == 12 and m["index_bytes_per_row"]["lfu_admission"] == 16
+    # a tiny table (~200 buckets of 8) loses more to bucket-local eviction than a large one (~1 point)
+    assert 0.3 < m["hit_rate_exact"] < 1 and abs(m["hit_rate_bucketed"] - m["hit_rate_exact"]) < 0.03
 
 
 def margins_08(m: dict[str, Any], p: dict[str, Any]) -> None:
