@@ -130,10 +130,12 @@ class BucketedIndex:
     def empty_keys(self) -> np.ndarray:
         """The key an empty slot holds: one whose bucket is another (so no lookup can match it), or
         with a single bucket 0 (its lookups also check the marks)."""
-        first = int(bucket_of_np(np.zeros(1, np.int64), self.num_buckets)[0])
-        other = next((k for k in range(1, 1 << 16) if int(bucket_of_np(np.array([k]), self.num_buckets)[0]) != first),
-                     0)
         keys = np.zeros(self.capacity, np.int64)
+        if self.num_buckets == 1:
+            return keys
+        first = int(bucket_of_np(np.zeros(1, np.int64), self.num_buckets)[0])
+        candidates = np.arange(1, 1 << 12, dtype=np.int64)  # one of these lands elsewhere (P(all in one) ~ 0)
+        other = int(candidates[np.argmax(bucket_of_np(candidates, self.num_buckets) != first)])
         keys[first * self.width:(first + 1) * self.width] = other
         return keys
 
@@ -177,6 +179,8 @@ class BucketedIndex:
         clock `now`: touch the held ones, give new ones a slot of their bucket. ``admit(keys,
         counts)`` of the absent keys says which may have one. Writes the index only; the caller
         writes the new rows' values."""
+        if self.policy == "lfu" and counts is None:  # (a write, not a lookup: each key once)
+            counts = tf.ones(tf.shape(keys), tf.int64)
         bucket, held_keys, row, held, live, mark = self._find(keys, now)
         width, stamp = self.width, tf.cast(now, self.mark_dtype)
         hit = tf.where(held)[:, 0]

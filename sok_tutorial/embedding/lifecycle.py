@@ -14,7 +14,7 @@ training step and with work in proportion to the step's keys:
 Rows a step is using are never evicted in that step; a new key whose whole bucket is in use
 embeds to zeros for that step (counted: `EmbeddingTable.unplaced`). A row given to a new key
 starts from the key's initial vector, and its optimizer slots afresh at their next update
-(`EmbeddingTable.fresh_rows`). The capacity is rounded up to whole buckets.
+(`EmbeddingTable.fresh_rows`). The capacity is rounded up to whole buckets (at least one).
 
 Admission (``min_count``, ``admit_probability``): a new key gets a row only once it has been seen
 `min_count` times, counted in a count-min sketch of ``sketch_depth x sketch_width`` int32
@@ -41,6 +41,7 @@ Example:
 """
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -96,9 +97,9 @@ class Lifecycle:
         if ttl is not None and checks.positive_int("ttl", ttl) >= _STEP_LIMIT:
             raise ValueError(f"ttl={ttl} is invalid: expected fewer than {_STEP_LIMIT} steps")
         if ttl_seconds is not None and (isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float))
-                                        or not 0 < ttl_seconds * 1000 < _CLOCK_LIMIT):
-            raise ValueError(f"ttl_seconds={ttl_seconds!r} is invalid: expected a positive number of seconds, "
-                             f"less than {_CLOCK_LIMIT // 1000} (the table's clock counts milliseconds in int64)")
+                                        or not 1 <= ttl_seconds * 1000 < _CLOCK_LIMIT):
+            raise ValueError(f"ttl_seconds={ttl_seconds!r} is invalid: expected a number of seconds from 0.001 "
+                             f"(the table's clock counts milliseconds in int64) to less than {_CLOCK_LIMIT // 1000}")
         if not isinstance(track_changes, (bool, np.bool_)):
             raise ValueError(f"track_changes={track_changes!r} is invalid: expected True or False")
         if isinstance(admit_probability, bool) or not isinstance(admit_probability, (int, float)) \
@@ -212,7 +213,7 @@ def build(table: Any) -> None:
 def live_rows(table: Any, component: int = 0) -> np.ndarray:
     """Rows holding a key (not expired), in row order."""
     if table.lifecycle.evicts:
-        return table.buckets.live(mark(table))[0]
+        return table.buckets.live(expiry_clock(table))[0]
     return np.arange(int(table.index_variables(component).size.numpy()), dtype=np.int64)
 
 
@@ -225,6 +226,13 @@ def row_marks(table: Any, rows: np.ndarray) -> np.ndarray:
 def row_counts(table: Any, rows: np.ndarray) -> np.ndarray:
     """``"lfu"``: each row's count, as stored (decayed as of its last touch)."""
     return table.buckets.counts.numpy()[rows]
+
+
+def expiry_clock(table: Any) -> int:
+    """What ``"ttl"`` compares a row's mark with on the host: the table's clock, or for a wall clock
+    the time now (a table that stopped training still sees its keys expire)."""
+    clock = mark(table)
+    return max(clock, int(time.time() * 1000)) if table.lifecycle.wall_clock else clock
 
 
 def mark(table: Any) -> int:
@@ -243,7 +251,7 @@ def changed_since(table: Any, since: int) -> np.ndarray:
     the rows' marks when asked: nothing is recorded per step)."""
     _tracked(table)
     if table.lifecycle.evicts:
-        rows, _, marks = table.buckets.live(mark(table))
+        rows, _, marks = table.buckets.live(expiry_clock(table))
         return rows[marks > since]
     seen = table._row_seen.numpy()
     if table.indexed:
@@ -265,7 +273,7 @@ def evicted_since(table: Any, since: int) -> np.ndarray:
     total, size = int(table._log_total.numpy()), table.lifecycle.eviction_log
     order = np.arange(max(0, total - size), total) % size
     keys, marks = table._log_keys.numpy()[order], table._log_marks.numpy()[order]
-    return np.concatenate([keys[marks > since], table.buckets.expired(since, mark(table))])
+    return np.concatenate([keys[marks > since], table.buckets.expired(since, expiry_clock(table))])
 
 
 _STATE = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
@@ -311,9 +319,10 @@ def reset(table: Any, keys: np.ndarray, marks: np.ndarray | None, counts: np.nda
     another table, whose keys take rows ``0 .. n-1``. A checkpoint then puts back the clock, the
     admission sketch and the log (`load_state`)."""
     life, n = table.lifecycle, len(keys)
-    now = int(table._clock.numpy())
+    now = expiry_clock(table)  # (a wall clock: now, not the last training lookup, which may be none yet)
     if life.track_changes and marks is not None and len(marks):
         now = max(now, int(np.max(marks)))
+    if life.track_changes:
         table._clock.assign(now)
     marks = np.full(n, now, np.int64) if marks is None else np.asarray(marks, np.int64)
     if not life.evicts:

@@ -25,9 +25,13 @@ def _v(variable: Any) -> Any:
 
 
 def tick(table: Any) -> tf.Tensor:
-    """Advance the table's clock (one training lookup, or the wall clock in ms) and return it."""
+    """Advance the table's clock (one training lookup, or the wall clock in ms) and return it.
+
+    A wall clock moves at least 1 ms a lookup, so that no two lookups share a mark (a step tells
+    its own rows from the last step's by the mark)."""
     if table.lifecycle.wall_clock:
-        return _v(table._clock).assign(tf.cast(tf.timestamp() * 1000.0, tf.int64))
+        clock = _v(table._clock)
+        return clock.assign(tf.maximum(tf.cast(tf.timestamp() * 1000.0, tf.int64), clock + 1))
     now = _v(table._clock).assign_add(1)
     if table.lifecycle.evicts:  # the bucketed index keeps step marks in int32
         check = tf.debugging.Assert(now <= _STEP_CLOCK_LIMIT, [f"{table.name}: the table's step clock passed "

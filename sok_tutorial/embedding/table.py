@@ -279,7 +279,10 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             return keys, None
         if not insert:
             if life.evicts:
-                rows = self.buckets.lookup(keys, self._clock.value.read_value())
+                now = self._clock.value.read_value()
+                if life.wall_clock:  # expiry against the time now, not the last training lookup
+                    now = tf.maximum(now, tf.cast(tf.timestamp() * 1000.0, tf.int64))
+                rows = self.buckets.lookup(keys, now)
             else:
                 rows, _ = key_index.lookup(self.index_variables(component), keys)
             return tf.maximum(rows, 0), rows >= 0

@@ -29,7 +29,7 @@ class RowsByKey:
             rows = np.arange(self.capacity, dtype=np.int64)
             return rows * self.num_shards + self.local_shards[component], rows
         if self.lifecycle.evicts:
-            rows, keys, _ = self.buckets.live(lifecycle.mark(self))
+            rows, keys, _ = self.buckets.live(lifecycle.expiry_clock(self))
             return keys, rows
         index = self.index_variables(component)
         rows = lifecycle.live_rows(self, component)
@@ -107,8 +107,10 @@ class RowsByKey:
 
     def restore(self, arrays: dict[str, Any], optimizer: Any = None) -> None:
         """Load rows by key, as `export` writes them: a dynamic table takes rows ``0 .. n-1`` in the
-        order given and keeps assigning new keys from ``n``; a table of row ids takes each key's row.
-        Everything is checked (`check`) before anything is written."""
+        order given and keeps assigning new keys from ``n``; a table with an eviction policy puts
+        each key in its bucket (keys a bucket has no room for are left out, with a warning); a
+        table of row ids takes each key's row. Everything is checked (`check`) before anything is
+        written."""
         keys, values, variables = self._checked(arrays, optimizer)
         self._check_fit(keys)
         slots = lifecycle.reset(self, keys, arrays.get("marks"), arrays.get("counts")) \

@@ -279,6 +279,7 @@ def test_a_restore_into_fewer_buckets_keeps_the_most_recent_keys_of_each_and_say
     ({"eviction_policy": "ttl", "ttl_seconds": float("inf")}, r"ttl_seconds=inf is invalid.*less than"),
     ({"eviction_policy": "ttl", "ttl_seconds": 1e300}, r"ttl_seconds=1e\+300 is invalid"),
     ({"eviction_policy": "ttl", "ttl_seconds": float("nan")}, r"ttl_seconds=nan is invalid"),
+    ({"eviction_policy": "ttl", "ttl_seconds": 0.0004}, r"ttl_seconds=0.0004 is invalid.*from 0.001"),
     ({"eviction_policy": "ttl", "ttl": 2**62}, r"ttl=4611686018427387904 is invalid.*fewer than"),
     ({"track_changes": "no"}, r"track_changes='no' is invalid: expected True or False"),
     ({"capacity": 0}, "capacity"),
@@ -390,3 +391,29 @@ def test_keras_weights_of_another_index_layout_are_refused_naming_it(tmp_path):
     again = model(8)
     again.load_weights(tmp_path / "w.weights.h5")
     assert table_map(again.layers[0]) == table_map(saved.layers[0])
+
+
+def test_wall_clock_steps_in_one_millisecond_still_tell_their_rows_apart():
+    """The clock moves at least 1 ms a lookup: the next step may evict the last step's keys."""
+    table = EmbeddingTable(4, 2, eviction_policy="ttl", ttl_seconds=60, bucket_capacity=4)
+    step = tf.function(lambda keys: table(keys, training=True))
+    for t in range(20):
+        step(tf.constant([4 * t, 4 * t + 1, 4 * t + 2, 4 * t + 3], tf.int64))
+        step(tf.constant([1000 + t], tf.int64))
+    assert table.unplaced == 0 and 1019 in table_map(table)
+
+
+def test_a_wall_clock_table_restored_without_marks_keeps_its_rows_fresh():
+    table = EmbeddingTable(8, 2, eviction_policy="ttl", ttl_seconds=3600)
+    table.build()
+    table.restore({"keys": np.array([1, 2, 3]), "vectors": np.full((3, 2), 7.0, np.float32)})
+    table(tf.constant([9], tf.int64), training=True)  # the first lookup moves the clock to the time now
+    np.testing.assert_allclose(table(tf.constant([1, 2, 3], tf.int64)).numpy(), 7.0)
+
+
+def test_an_lfu_table_takes_rows_by_write():
+    table = EmbeddingTable(16, 2, eviction_policy="lfu")
+    table.build()
+    table.write(np.array([1, 2, 3]), {"vectors": np.arange(6, dtype=np.float32).reshape(3, 2)})
+    np.testing.assert_array_equal(table.read([3, 1])["vectors"], [[4, 5], [0, 1]])
+    assert sorted(zip(table.export()["keys"].tolist(), table.export()["counts"].tolist())) == [(1, 1), (2, 1), (3, 1)]
