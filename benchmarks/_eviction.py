@@ -244,10 +244,11 @@ def deltas(steps: int = STEPS) -> list[dict[str, Any]]:
         delta, delta_s = export("delta", since=base)
         full, full_s = export("full")
         changed = len(lifecycle.changed_since(table, since))
+        delta_bytes, full_bytes = size(delta), size(full)
         out.append({"steps": churn, "rows_changed": changed, "changed_share": round(changed / table.size, 3),
-                    "evicted": table.evictions - evictions, "delta_mib": round(size(delta) / 2**20, 2),
-                    "full_mib": round(size(full) / 2**20, 2), "delta_s": round(delta_s, 3),
-                    "full_s": round(full_s, 3), "bytes_vs_full": round(size(delta) / size(full), 3),
+                    "evicted": table.evictions - evictions, "delta_mib": round(delta_bytes / 2**20, 2),
+                    "full_mib": round(full_bytes / 2**20, 2), "delta_s": round(delta_s, 3),
+                    "full_s": round(full_s, 3), "bytes_vs_full": round(delta_bytes / full_bytes, 3),
                     "time_vs_full": round(delta_s / full_s, 3)})
     return out
 

@@ -252,9 +252,9 @@ class BucketedIndex:
         gone = (marks >= 0) & (marks >= since - self.ttl) & (marks < now - self.ttl)
         return self.keys.numpy().reshape(-1)[gone]
 
-    def arrange(self, keys: np.ndarray, priority: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where `keys` go when loaded into an empty index: (slot of each key, -1 for a key its
-        bucket had no room for), the higher `priority` first within a bucket, then the order given."""
+    def arrange(self, keys: np.ndarray, priority: np.ndarray) -> np.ndarray:
+        """Where `keys` go when loaded into an empty index: the slot of each key, -1 for a key its
+        bucket had no room for; the higher `priority` first within a bucket, then the order given."""
         bucket = bucket_of_np(keys, self.num_buckets)
         order = np.lexsort((np.arange(len(keys)), -np.asarray(priority, np.int64), bucket))
         ranked = bucket[order]
@@ -262,7 +262,7 @@ class BucketedIndex:
         rank = np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
         slots = np.full(len(keys), _EMPTY, np.int64)
         slots[order] = np.where(rank < self.width, ranked * self.width + rank, _EMPTY)
-        return slots, bucket
+        return slots
 
     def load(self, keys: np.ndarray, slots: np.ndarray, marks: np.ndarray, counts: np.ndarray | None) -> None:
         """Replace the index with `keys` at `slots` (from `arrange`; -1: left out)."""
@@ -295,8 +295,8 @@ def _position(match: tf.Tensor) -> tf.Tensor:
 def _tf(variable: Any) -> Any:
     """The TensorFlow variable behind a Keras one (or the TensorFlow variable itself).
 
-    Buckets are read as rows of a ``[B, W]`` view of its value: no copy, since a step's reads
-    finish before its writes, so nothing else holds the buffer when a scatter updates it in place.
+    Reads go through gathers of it, never through its whole value: once a variable has been
+    scattered into, TensorFlow copies all of it on every read of its value.
     """
     value = variable.value
     return variable if callable(value) else value

@@ -134,6 +134,15 @@ class Lifecycle:
                    width, int(min_count), float(admit_probability), int(sketch_depth), width_sketch,
                    bool(track_changes) or eviction_policy is not None, log)
 
+    def bucketed_index(self, capacity: int) -> BucketedIndex | None:
+        """The bucketed index (its variables not made yet) of a table of `capacity` rows with a
+        policy; None without one."""
+        if not self.evicts:
+            return None
+        return BucketedIndex(capacity, self.bucket_capacity, self.eviction_policy,
+                             ttl=self.ttl_units if self.eviction_policy == "ttl" else None,
+                             halflife=self.lfu_halflife, mark_dtype="int64" if self.wall_clock else "int32")
+
     def rows(self, capacity: int) -> int:
         """The capacity a table of `capacity` rows really has: whole buckets, with a policy."""
         if not self.evicts:
@@ -192,9 +201,6 @@ def build(table: Any) -> None:
 
     table._clock = weight("clock", (), "int64")
     if life.evicts:
-        table.buckets = BucketedIndex(capacity, life.bucket_capacity, life.eviction_policy,
-                                      ttl=life.ttl_units if life.eviction_policy == "ttl" else None,
-                                      halflife=life.lfu_halflife, mark_dtype="int64" if life.wall_clock else "int32")
         table.buckets.create(weight)
         table._row_fresh = weight("row_fresh", (capacity,), "bool", False)
         table._unplaced = weight("unplaced", (), "int64")
@@ -277,6 +283,8 @@ def evicted_since(table: Any, since: int) -> np.ndarray:
 
 
 _STATE = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
+
+
 def saved_state(table: Any) -> dict[str, np.ndarray]:
     """What a checkpoint keeps of the table's lifecycle beside its rows: the clock, the admission
     sketch and the eviction log (so that a restored trainer admits as it would have and can
@@ -333,7 +341,7 @@ def reset(table: Any, keys: np.ndarray, marks: np.ndarray | None, counts: np.nda
         return None
     counts = None if counts is None else np.asarray(counts, np.int64)
     priority = marks if counts is None else counts * (1 << 32) + marks
-    slots, _ = table.buckets.arrange(keys, priority)
+    slots = table.buckets.arrange(keys, priority)
     left = int(np.count_nonzero(slots < 0))
     if left:
         warnings.warn(f"{table.name}: {left:,} of {n:,} keys restored did not fit their buckets "

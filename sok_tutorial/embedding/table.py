@@ -139,6 +139,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             admit_probability=admit_probability, sketch_depth=sketch_depth, sketch_width=sketch_width,
             track_changes=track_changes, eviction_log=eviction_log)
         self.capacity = self.lifecycle.rows(self.capacity)  # whole buckets
+        self.buckets = self.lifecycle.bucketed_index(self.capacity)  # its variables come with `build`
         self.num_shards, self.local_shards, self.strategy = 1, [0], None
 
     # ------------------------------------------------------------------ state
@@ -204,9 +205,8 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         or the open-addressing index's slots and row keys (0 for a table of row ids)."""
         if not self.indexed:
             return 0
-        if self.lifecycle.evicts:
-            lfu = self.lifecycle.eviction_policy == "lfu"
-            return 8 + (8 if self.lifecycle.wall_clock else 4) + (4 if lfu else 0)
+        if self.buckets is not None:
+            return self.buckets.bytes_per_row
         return (8 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:

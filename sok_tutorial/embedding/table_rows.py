@@ -119,11 +119,7 @@ class RowsByKey:
             self._assign(0, keys, values, variables)
             return
         kept = slots >= 0  # a bucketed table: each key at its slot
-        for variable, value in zip(variables, values):
-            target = local_components(variable)[0]
-            full = np.zeros(target.shape, target.dtype.as_numpy_dtype)
-            full[slots[kept]] = value[kept]
-            target.assign(full)
+        self._write_rows(0, slots[kept], [value[kept] for value in values], variables)
 
     def _assign(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
         """Write `keys` and their rows into one local shard (rebuilding its index)."""
@@ -135,6 +131,11 @@ class RowsByKey:
             rows = np.arange(len(keys), dtype=np.int64)
         else:
             rows = self._local_rows(keys)
+        self._write_rows(component, rows, values, variables)
+
+    def _write_rows(self, component: int, rows: np.ndarray, values: list[np.ndarray], variables: list[Any]) -> None:
+        """Set `rows` of one local shard of each of `variables` to `values`, every other row to zero
+        (a static table's vectors outside `rows` keep theirs)."""
         for j, (variable, value) in enumerate(zip(variables, values)):
             target = local_components(variable)[component]
             keep = j == 0 and not self.indexed  # rows of a static table outside `keys` keep their values
