@@ -39,12 +39,13 @@ def test_column_sharded_table_trains_like_one_device(strategy_of, n, dynamic, op
 def test_every_replica_holds_the_same_key_index_and_its_own_columns(strategy_of):
     _, _, layer, opt = _fit(strategy_of(2), "column", True, "adam")
     table = layer.table
-    for v in (table._slot_rows, table._row_keys, table._size):
-        parts = [c.numpy() for c in local_components(v)]
+    index = [table.index_variables(c) for c in range(len(table.local_shards))]  # each replica's index
+    for name in ("slot_rows", "row_keys", "size"):
+        parts = [getattr(i, name).numpy() for i in index]
         for p in parts[1:]:
             np.testing.assert_array_equal(p, parts[0])
     shapes = {tuple(c.shape) for c in local_components(table.variable)}
-    assert shapes == {(400, 3)} and table.size == int(table._size.numpy()) > 0
+    assert shapes == {(400, 3)} and table.size == int(index[0].size.numpy()) > 0
     held = local_components(table.variable)[1].numpy()
     assert np.abs(held[:table.size, :2]).min() > 0 and not held[:, 2].any()  # replica 1: 2 columns, 1 padding
     moments = table.optimizer_slots(opt)[0]

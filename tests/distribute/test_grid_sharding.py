@@ -64,7 +64,8 @@ def test_grids_of_one_row_group_or_one_column_group_train_like_column_and_row(st
 def test_the_replicas_of_a_row_group_share_a_key_index_and_hold_their_columns(strategy_of):
     *_, layer, opt = _fit(strategy_of(4), "row_column")
     table = layer.table
-    index = [[c.numpy() for c in local_components(v)] for v in (table._slot_rows, table._row_keys, table._size)]
+    replicas = [table.index_variables(c) for c in range(len(table.local_shards))]
+    index = [[getattr(i, name).numpy() for i in replicas] for name in ("slot_rows", "row_keys", "size")]
     for parts in index:
         np.testing.assert_array_equal(parts[0], parts[1])  # row group 0: replicas 0 and 1
         np.testing.assert_array_equal(parts[2], parts[3])  # row group 1: replicas 2 and 3
