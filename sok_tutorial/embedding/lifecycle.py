@@ -41,12 +41,9 @@ Example:
 """
 from __future__ import annotations
 
-import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import keras
 import numpy as np
 
 from kernels import checks
@@ -191,98 +188,22 @@ def refuse_removed(name: str, options: dict[str, Any]) -> None:
             raise ValueError(f"{name}: {option}={options[option]!r} is no longer an option: {why}")
 
 
-def build(table: Any) -> None:
-    """Create the table's lifecycle variables (Keras weights, not trainable)."""
-    life, capacity = table.lifecycle, table.capacity
-
-    def weight(name: str, shape: tuple, dtype: str, value: Any = 0) -> Any:
-        return table.add_weight(name=name, shape=shape, dtype=dtype, trainable=False,
-                                initializer=keras.initializers.Constant(value))
-
-    table._clock = weight("clock", (), "int64")
-    if life.evicts:
-        table.buckets.create(weight)
-        table._row_fresh = weight("row_fresh", (capacity,), "bool", False)
-        table._unplaced = weight("unplaced", (), "int64")
-        table._log_keys = weight("log_keys", (life.eviction_log,), "int64")
-        table._log_marks = weight("log_marks", (life.eviction_log,), "int64")
-        table._log_total = weight("log_total", (), "int64")
-        table._log_floor = weight("log_floor", (), "int64", -1)
-    elif life.track_changes:
-        table._row_seen = weight("row_seen", (capacity,), "int64", -1)
-    if life.min_count > 1:
-        table._sketch = weight("sketch", (life.sketch_depth * life.sketch_width,), "int32")
-        table._sketch_added = weight("sketch_added", (), "int64")
-
-
 # ---------------------------------------------------------------------- on the host
-def live_rows(table: Any, component: int = 0) -> np.ndarray:
-    """Rows holding a key (not expired), in row order."""
-    if table.lifecycle.evicts:
-        return table.buckets.live(expiry_clock(table))[0]
-    return np.arange(int(table.index_variables(component).size.numpy()), dtype=np.int64)
-
-
-def row_marks(table: Any, rows: np.ndarray) -> np.ndarray:
-    """The clock of each row's last training lookup (or write)."""
-    marks = table.buckets.marks if table.lifecycle.evicts else table._row_seen
-    return marks.numpy()[rows].astype(np.int64)
-
-
-def row_counts(table: Any, rows: np.ndarray) -> np.ndarray:
-    """``"lfu"``: each row's count, as stored (decayed as of its last touch)."""
-    return table.buckets.counts.numpy()[rows]
-
-
-def expiry_clock(table: Any) -> int:
-    """What ``"ttl"`` compares a row's mark with on the host: the table's clock, or for a wall clock
-    the time now (a table that stopped training still sees its keys expire)."""
-    clock = mark(table)
-    return max(clock, int(time.time() * 1000)) if table.lifecycle.wall_clock else clock
-
-
 def mark(table: Any) -> int:
     """The table's clock now: what `changed_since` and `evicted_since` compare with."""
-    return int(table._clock.numpy()) if table.lifecycle.active else 0
-
-
-def _tracked(table: Any) -> None:
-    if not table.lifecycle.track_changes:
-        raise ValueError(f"{table.name}: the table does not track changes; build it with track_changes=True "
-                         "(or an eviction_policy) to export deltas")
+    return table.state.mark()
 
 
 def changed_since(table: Any, since: int) -> np.ndarray:
-    """Rows whose vectors a training lookup (or `write`) touched after clock `since` (found from
-    the rows' marks when asked: nothing is recorded per step)."""
-    _tracked(table)
-    if table.lifecycle.evicts:
-        rows, _, marks = table.buckets.live(expiry_clock(table))
-        return rows[marks > since]
-    seen = table._row_seen.numpy()
-    if table.indexed:
-        seen = seen[:int(table._size.numpy())]
-    return np.flatnonzero(seen > since).astype(np.int64)
+    """Rows of `table` whose vectors a training lookup (or `write`) touched after clock `since`
+    (`sok_tutorial.embedding.lifecycle_state.LifecycleState.changed_since`)."""
+    return table.state.changed_since(since, table.size if table.indexed else table.capacity)
 
 
 def evicted_since(table: Any, since: int) -> np.ndarray:
-    """Keys evicted after clock `since`, oldest first (a key may appear again if it came back),
-    then, under ``"ttl"``, the keys that have expired since then and still sit in their rows."""
-    _tracked(table)
-    if not table.lifecycle.evicts:
-        return np.zeros(0, np.int64)
-    floor = int(table._log_floor.numpy())
-    if since < floor:
-        raise ValueError(f"{table.name}: the eviction log (eviction_log={table.lifecycle.eviction_log:,} entries) "
-                         f"no longer holds evictions after mark {since} (it starts after {floor}); export the "
-                         "table in full, or raise eviction_log")
-    total, size = int(table._log_total.numpy()), table.lifecycle.eviction_log
-    order = np.arange(max(0, total - size), total) % size
-    keys, marks = table._log_keys.numpy()[order], table._log_marks.numpy()[order]
-    return np.concatenate([keys[marks > since], table.buckets.expired(since, expiry_clock(table))])
-
-
-_STATE = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
+    """Keys of `table` evicted after clock `since`, oldest first, then (``"ttl"``) the keys expired
+    since then (`sok_tutorial.embedding.lifecycle_state.LifecycleState.evicted_since`)."""
+    return table.state.evicted_since(since)
 
 
 def saved_state(table: Any) -> dict[str, np.ndarray]:
@@ -291,64 +212,10 @@ def saved_state(table: Any) -> dict[str, np.ndarray]:
     continue its chain of deltas). Empty for a table without lifecycle state."""
     if not table.lifecycle.active or table.num_shards > 1:
         return {}
-    state = {name: np.asarray(getattr(table, f"_{name}").numpy()) for name in _STATE if hasattr(table, f"_{name}")}
-    if "sketch" in state:  # saved as depth x width: a sketch of another shape is told apart on restore
-        state["sketch"] = state["sketch"].reshape(table.lifecycle.sketch_depth, table.lifecycle.sketch_width)
-    return state
+    return table.state.saved()
 
 
 def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
-    """Put back what `saved_state` kept (after `reset`); returns what did not fit this table's options
-    (another sketch size or eviction log length), which stays as `reset` left it."""
-    skipped = []
-    for name in _STATE:
-        variable = getattr(table, f"_{name}", None)
-        if name not in state or variable is None:
-            continue
-        value = state[name]
-        shape = (table.lifecycle.sketch_depth, table.lifecycle.sketch_width) if name == "sketch" \
-            else tuple(variable.shape)
-        if value.shape != shape:
-            skipped.append(f"{name} (saved {value.shape}, this table {shape})")
-            continue
-        if name == "clock":  # never back: `reset` may have moved it to the latest saved mark
-            value = max(int(variable.numpy()), int(value))
-        variable.assign(np.reshape(value, variable.shape))
-    if any(s.startswith("log_") for s in skipped):  # a log of another length: start it afresh, now
-        table._log_total.assign(0)
-        table._log_floor.assign(int(table._clock.numpy()))
-    return skipped
-
-
-def reset(table: Any, keys: np.ndarray, marks: np.ndarray | None, counts: np.ndarray | None) -> np.ndarray | None:
-    """Before a restore writes the rows of `keys`: marks as saved (else now) and the clock at least at
-    the latest, LFU counts as saved (else 0), an empty eviction log. Returns the row of each key in a
-    bucketed table (-1: its bucket was full; those keys are left out, with a warning), None for
-    another table, whose keys take rows ``0 .. n-1``. A checkpoint then puts back the clock, the
-    admission sketch and the log (`load_state`)."""
-    life, n = table.lifecycle, len(keys)
-    now = expiry_clock(table)  # (a wall clock: now, not the last training lookup, which may be none yet)
-    if life.track_changes and marks is not None and len(marks):
-        now = max(now, int(np.max(marks)))
-    if life.track_changes:
-        table._clock.assign(now)
-    marks = np.full(n, now, np.int64) if marks is None else np.asarray(marks, np.int64)
-    if not life.evicts:
-        if life.track_changes:
-            seen = np.full(table.capacity, -1, np.int64)
-            seen[:n] = marks
-            table._row_seen.assign(seen)
-        return None
-    counts = None if counts is None else np.asarray(counts, np.int64)
-    priority = marks if counts is None else counts * (1 << 32) + marks
-    slots = table.buckets.arrange(keys, priority)
-    left = int(np.count_nonzero(slots < 0))
-    if left:
-        warnings.warn(f"{table.name}: {left:,} of {n:,} keys restored did not fit their buckets "
-                      f"(bucket_capacity={life.bucket_capacity}, capacity={table.capacity:,}) and were left out, "
-                      "the least recently used (LFU: least used) of each bucket", RuntimeWarning, stacklevel=3)
-    table.buckets.load(keys, slots, marks, counts)
-    table._row_fresh.assign(np.zeros(table.capacity, bool))
-    table._log_total.assign(0)
-    table._log_floor.assign(now)
-    return slots
+    """Put back what `saved_state` kept (after a restore of the rows); returns what did not fit this
+    table's options (another sketch size or eviction log length), which stays as the restore left it."""
+    return table.state.load(state)

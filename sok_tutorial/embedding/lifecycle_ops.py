@@ -1,10 +1,13 @@
-"""The TensorFlow ops of a table's lifecycle (`sok_tutorial.embedding.lifecycle`): a training
-lookup's clock tick, row marks, admission and the eviction log, all inside the step's graph.
+"""The TensorFlow half of a table's lifecycle state (`sok_tutorial.embedding.lifecycle_state`): a
+training lookup's clock tick, row marks, admission and the eviction log, all inside the step's graph.
 
-Two entry points give the rows of a training lookup's distinct keys: `place_bucketed` for a table
-with an eviction policy (its `sok_tutorial.embedding.buckets.BucketedIndex` evicts inside the
-insert), `place` for one that only admits or tracks changes (the open-addressing index of
-`sok_tutorial.embedding.index`, which never drops a key).
+Two entry points give the rows of a training lookup's distinct keys: `LifecycleOps.place_bucketed`
+for a table with an eviction policy (its `sok_tutorial.embedding.buckets.BucketedIndex` evicts
+inside the insert), `LifecycleOps.place_open` for one that only admits or tracks changes (the
+open-addressing index of `sok_tutorial.embedding.index`, which never drops a key).
+
+Every variable is read through ``.value``: under a strategy that is the replica's own copy, so
+each replica runs these ops on its shard's state.
 """
 from __future__ import annotations
 
@@ -24,28 +27,6 @@ def _v(variable: Any) -> Any:
     return variable.value
 
 
-def tick(table: Any) -> tf.Tensor:
-    """Advance the table's clock (one training lookup, or the wall clock in ms) and return it.
-
-    A wall clock moves at least 1 ms a lookup, so that no two lookups share a mark (a step tells
-    its own rows from the last step's by the mark)."""
-    if table.lifecycle.wall_clock:
-        clock = _v(table._clock)
-        return clock.assign(tf.maximum(tf.cast(tf.timestamp() * 1000.0, tf.int64), clock + 1))
-    now = _v(table._clock).assign_add(1)
-    if table.lifecycle.evicts:  # the bucketed index keeps step marks in int32
-        check = tf.debugging.Assert(now <= _STEP_CLOCK_LIMIT, [f"{table.name}: the table's step clock passed "
-                                                                 f"{_STEP_CLOCK_LIMIT} training lookups"])
-        with tf.control_dependencies([check]):
-            now = tf.identity(now)
-    return now
-
-
-def touch(table: Any, rows: tf.Tensor, now: tf.Tensor) -> list[Any]:
-    """Mark `rows` (distinct) seen at `now` (a table without a policy that tracks changes)."""
-    return [_v(table._row_seen).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), now), rows))]
-
-
 def _cells(keys: tf.Tensor, depth: int, width: int) -> tf.Tensor:
     """Sketch counter of each key in each row of the sketch: ``[depth, n]`` flat indices."""
     bits = width.bit_length() - 1
@@ -53,100 +34,149 @@ def _cells(keys: tf.Tensor, depth: int, width: int) -> tf.Tensor:
                      + d * width for d in range(depth)])
 
 
-def admit(table: Any, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor) -> tf.Tensor:
-    """Which of the new distinct `keys` get a row now (counting them first).
+class LifecycleOps:
+    """The graph methods of `sok_tutorial.embedding.lifecycle_state.LifecycleState`, which holds the
+    variables they use (``clock``, ``row_seen``, ``row_fresh``, ``unplaced``, the eviction log, the
+    sketch) and ``options``, ``capacity``, ``name`` and ``buckets``."""
 
-    The count-min sketch halves every ``SKETCH_SAMPLE * capacity`` counts (one pass over the
-    sketch, amortized over that many counts), so what was seen long ago fades."""
-    life = table.lifecycle
-    ok = tf.ones(tf.shape(keys), tf.bool)
-    if life.min_count > 1:
-        cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
-        add = tf.tile(tf.cast(counts, tf.int32)[None], [life.sketch_depth, 1])
-        sketch = _v(table._sketch)
-        counted = sketch.scatter_add(tf.IndexedSlices(tf.reshape(add, [-1]), tf.reshape(cells, [-1])))
-        with tf.control_dependencies([counted]):
-            seen = tf.reduce_min(tf.gather(sketch, cells), axis=0)
-        added = _v(table._sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
-        with tf.control_dependencies([seen]):
-            halve = added >= SKETCH_SAMPLE * table.capacity
-            halved = tf.cond(halve, lambda: _halve(table), lambda: tf.constant(False))
-        with tf.control_dependencies([halved]):
-            ok &= seen >= life.min_count
-    if life.admit_probability < 1:
-        salt = tf.bitwise.bitwise_xor(keys, now * tf.constant(0x9E3779B97F4A7C15 - (1 << 64), tf.int64))
-        draw = tf.cast(key_index.home_slots(salt, 24), tf.float64) / float(1 << 24)
-        ok &= draw < life.admit_probability
-    return ok
+    options: Any
+    capacity: int
+    name: str
+    buckets: Any
 
+    def tick(self) -> tf.Tensor:
+        """Advance the clock (one training lookup, or the wall clock in ms) and return it.
 
-def _halve(table: Any) -> tf.Tensor:
-    sketch = _v(table._sketch)
-    with tf.control_dependencies([sketch.assign(tf.bitwise.right_shift(sketch, 1)),
-                                  _v(table._sketch_added).assign(0)]):
-        return tf.constant(True)
+        A wall clock moves at least 1 ms a lookup, so that no two lookups share a mark (a step tells
+        its own rows from the last step's by the mark)."""
+        if self.options.wall_clock:
+            clock = _v(self.clock)
+            return clock.assign(tf.maximum(tf.cast(tf.timestamp() * 1000.0, tf.int64), clock + 1))
+        now = _v(self.clock).assign_add(1)
+        if self.options.evicts:  # the bucketed index keeps step marks in int32
+            check = tf.debugging.Assert(now <= _STEP_CLOCK_LIMIT, [f"{self.name}: the table's step clock passed "
+                                                                     f"{_STEP_CLOCK_LIMIT} training lookups"])
+            with tf.control_dependencies([check]):
+                now = tf.identity(now)
+        return now
 
+    def now(self) -> tf.Tensor:
+        """The clock an inference lookup judges expiry by: the last training lookup's, or for a wall
+        clock the time now, whichever is later."""
+        now = _v(self.clock).read_value()
+        if self.options.wall_clock:
+            now = tf.maximum(now, tf.cast(tf.timestamp() * 1000.0, tf.int64))
+        return now
 
-def _log(table: Any, keys: tf.Tensor, now: tf.Tensor) -> list[Any]:
-    """Append evicted `keys` to the ring buffer; remember the newest mark the buffer lets go."""
-    size = table.lifecycle.eviction_log
-    total, n = _v(table._log_total), tf.size(keys, tf.int64)
-    keys, n_kept = keys[-size:], tf.minimum(n, size)
-    at = (total + n - n_kept + tf.range(n_kept)) % size
-    overwritten = tf.maximum(total + n - size, 0)  # entries [0, overwritten) are gone afterwards
-    newest_lost = tf.where(n > size, now, tf.gather(_v(table._log_marks), (overwritten - 1) % size))
-    lost = tf.where(overwritten > 0, tf.maximum(newest_lost, _v(table._log_floor)), _v(table._log_floor))
-    with tf.control_dependencies([lost]):
-        return [_v(table._log_floor).assign(lost),
-                _v(table._log_keys).scatter_update(tf.IndexedSlices(keys, at)),
-                _v(table._log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at)),
-                _v(table._log_total).assign_add(n)]
+    def touch(self, rows: tf.Tensor, now: tf.Tensor) -> list[Any]:
+        """Mark `rows` (distinct) seen at `now` (a table without a policy that tracks changes)."""
+        return [_v(self.row_seen).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), now), rows))]
 
+    def fresh_rows(self, rows: tf.Tensor) -> tf.Tensor | None:
+        """Which of `rows` (distinct) went to a new key since an optimizer last updated them, clearing
+        the mark; None for a table that never gives a row a second key."""
+        if self.row_fresh is None:
+            return None
+        fresh = _v(self.row_fresh)
+        marked = tf.gather(fresh, rows)
+        with tf.control_dependencies([marked]):
+            cleared = fresh.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
+        with tf.control_dependencies([cleared]):
+            return tf.identity(marked)
 
-def place_bucketed(table: Any, keys: tf.Tensor, counts: tf.Tensor | None, *,
-                   admission: bool = True) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-    """(row of each distinct key or -1, mask of keys with a row, keys to write initial values for,
-    their rows): a training lookup of a table with an eviction policy."""
-    now = tick(table)
-    screen = (lambda new, c: admit(table, new, c, now)) if admission and table.lifecycle.admits else None
-    placed = table.buckets.place(keys, counts, now, screen)
-    ops = [*_log(table, placed.evicted, now), _v(table._unplaced).assign_add(placed.unplaced),
-           _v(table._row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
-                                                                placed.new_rows))]
-    with tf.control_dependencies(ops):
-        return tf.identity(placed.rows), placed.rows >= 0, tf.identity(placed.new_keys), tf.identity(placed.new_rows)
+    def admit(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor) -> tf.Tensor:
+        """Which of the new distinct `keys` get a row now (counting them first).
 
+        The count-min sketch halves every ``SKETCH_SAMPLE * capacity`` counts (one pass over the
+        sketch, amortized over that many counts), so what was seen long ago fades."""
+        life = self.options
+        ok = tf.ones(tf.shape(keys), tf.bool)
+        if life.min_count > 1:
+            cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
+            add = tf.tile(tf.cast(counts, tf.int32)[None], [life.sketch_depth, 1])
+            sketch = _v(self.sketch)
+            counted = sketch.scatter_add(tf.IndexedSlices(tf.reshape(add, [-1]), tf.reshape(cells, [-1])))
+            with tf.control_dependencies([counted]):
+                seen = tf.reduce_min(tf.gather(sketch, cells), axis=0)
+            added = _v(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
+            with tf.control_dependencies([seen]):
+                halve = added >= SKETCH_SAMPLE * self.capacity
+                halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
+            with tf.control_dependencies([halved]):
+                ok &= seen >= life.min_count
+        if life.admit_probability < 1:
+            salt = tf.bitwise.bitwise_xor(keys, now * tf.constant(0x9E3779B97F4A7C15 - (1 << 64), tf.int64))
+            draw = tf.cast(key_index.home_slots(salt, 24), tf.float64) / float(1 << 24)
+            ok &= draw < life.admit_probability
+        return ok
 
-def place(table: Any, keys: tf.Tensor, counts: tf.Tensor | None, *,
-          admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None, tf.Tensor, tf.Tensor]:
-    """(row of each distinct key or -1 when not admitted, mask of keys with a row or None when all
-    have one, keys given rows now, their rows): a training lookup of a table without an eviction
-    policy that admits or tracks changes. A key never loses its row; a full table raises
-    `sok_tutorial.embedding.index.VocabularyExhausted` as a plain one does."""
-    life, index, capacity = table.lifecycle, table.index_variables(), table.capacity
-    now = tick(table)
-    rows, slots = key_index.lookup(index, keys)
-    found = rows >= 0
-    touched = touch(table, tf.boolean_mask(rows, found), now) if life.track_changes else []
-    missing = ~found
-    new_keys, new_slots = tf.boolean_mask(keys, missing), tf.boolean_mask(slots, missing)
-    placing = missing
-    if admission and life.admits:
-        ok = admit(table, new_keys, None if counts is None else tf.boolean_mask(counts, missing), now)
-        new_keys, new_slots = tf.boolean_mask(new_keys, ok), tf.boolean_mask(new_slots, ok)
-        placing = tf.tensor_scatter_nd_update(missing, tf.where(missing), ok)
-    count, held = tf.size(new_keys, tf.int64), _v(table._size).read_value()
-    check = tf.debugging.Assert(count <= capacity - held, [tf.strings.format(
-        f"{table.name.replace('{', '{{').replace('}', '}}')}: vocabulary exhausted: {{}} new keys in this batch, "
-        f"{{}} rows free of max_vocabulary_size_per_gpu={capacity}; raise it, set an eviction_policy, or hash "
-        "keys into fewer buckets", (count, capacity - held))])
-    with tf.control_dependencies([check, *touched]):
-        new_rows = held + tf.range(count)
-        placed = key_index.insert(index, new_keys, new_rows, new_slots)
-    with tf.control_dependencies([placed]):
-        ops = [_v(table._size).assign_add(count)]
-        if life.track_changes:
-            ops += touch(table, new_rows, now)
-    with tf.control_dependencies(ops):
-        rows = tf.tensor_scatter_nd_update(rows, tf.where(placing), new_rows)
-        return rows, (rows >= 0 if admission and life.admits else None), tf.identity(new_keys), new_rows
+    def _halve(self) -> tf.Tensor:
+        sketch = _v(self.sketch)
+        with tf.control_dependencies([sketch.assign(tf.bitwise.right_shift(sketch, 1)),
+                                      _v(self.sketch_added).assign(0)]):
+            return tf.constant(True)
+
+    def _log(self, keys: tf.Tensor, now: tf.Tensor) -> list[Any]:
+        """Append evicted `keys` to the ring buffer; remember the newest mark the buffer lets go."""
+        size = self.options.eviction_log
+        total, n = _v(self.log_total), tf.size(keys, tf.int64)
+        keys, n_kept = keys[-size:], tf.minimum(n, size)
+        at = (total + n - n_kept + tf.range(n_kept)) % size
+        overwritten = tf.maximum(total + n - size, 0)  # entries [0, overwritten) are gone afterwards
+        newest_lost = tf.where(n > size, now, tf.gather(_v(self.log_marks), (overwritten - 1) % size))
+        floor = _v(self.log_floor)
+        lost = tf.where(overwritten > 0, tf.maximum(newest_lost, floor), floor)
+        with tf.control_dependencies([lost]):
+            return [floor.assign(lost),
+                    _v(self.log_keys).scatter_update(tf.IndexedSlices(keys, at)),
+                    _v(self.log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at)),
+                    total.assign_add(n)]
+
+    def place_bucketed(self, keys: tf.Tensor, counts: tf.Tensor | None, *,
+                       admission: bool = True) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(row of each distinct key or -1, mask of keys with a row, keys to write initial values for,
+        their rows): a training lookup of a table with an eviction policy."""
+        now = self.tick()
+        screen = (lambda new, c: self.admit(new, c, now)) if admission and self.options.admits else None
+        placed = self.buckets.place(keys, counts, now, screen)
+        ops = [*self._log(placed.evicted, now), _v(self.unplaced).assign_add(placed.unplaced),
+               _v(self.row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
+                                                                  placed.new_rows))]
+        with tf.control_dependencies(ops):
+            return (tf.identity(placed.rows), placed.rows >= 0, tf.identity(placed.new_keys),
+                    tf.identity(placed.new_rows))
+
+    def place_open(self, index: key_index.IndexVariables, keys: tf.Tensor, counts: tf.Tensor | None, *,
+                   admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None, tf.Tensor, tf.Tensor]:
+        """(row of each distinct key or -1 when not admitted, mask of keys with a row or None when all
+        have one, keys given rows now, their rows): a training lookup of a table without an eviction
+        policy that admits or tracks changes, in the open-addressing `index`. A key never loses its
+        row; a full table raises `sok_tutorial.embedding.index.VocabularyExhausted` as a plain one does."""
+        life, capacity = self.options, self.capacity
+        now = self.tick()
+        rows, slots = key_index.lookup(index, keys)
+        found = rows >= 0
+        touched = self.touch(tf.boolean_mask(rows, found), now) if life.track_changes else []
+        missing = ~found
+        new_keys, new_slots = tf.boolean_mask(keys, missing), tf.boolean_mask(slots, missing)
+        placing = missing
+        if admission and life.admits:
+            ok = self.admit(new_keys, None if counts is None else tf.boolean_mask(counts, missing), now)
+            new_keys, new_slots = tf.boolean_mask(new_keys, ok), tf.boolean_mask(new_slots, ok)
+            placing = tf.tensor_scatter_nd_update(missing, tf.where(missing), ok)
+        count, held = tf.size(new_keys, tf.int64), index.size.read_value()
+        name = self.name.replace("{", "{{").replace("}", "}}")
+        check = tf.debugging.Assert(count <= capacity - held, [tf.strings.format(
+            f"{name}: vocabulary exhausted: {{}} new keys in this batch, {{}} rows free of "
+            f"max_vocabulary_size_per_gpu={capacity}; raise it, set an eviction_policy, or hash keys into fewer "
+            "buckets", (count, capacity - held))])
+        with tf.control_dependencies([check, *touched]):
+            new_rows = held + tf.range(count)
+            placed = key_index.insert(index, new_keys, new_rows, new_slots)
+        with tf.control_dependencies([placed]):
+            ops = [index.size.assign_add(count)]
+            if life.track_changes:
+                ops += self.touch(new_rows, now)
+        with tf.control_dependencies(ops):
+            rows = tf.tensor_scatter_nd_update(rows, tf.where(placing), new_rows)
+            return rows, (rows >= 0 if admission and life.admits else None), tf.identity(new_keys), new_rows

@@ -44,13 +44,14 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding import lifecycle, lifecycle_ops
+from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.initializers import (
     KeyedInitializer,
     init_spec,
     keyed_initial_values,
     keyed_initial_values_tf,
 )
+from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
@@ -139,7 +140,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             admit_probability=admit_probability, sketch_depth=sketch_depth, sketch_width=sketch_width,
             track_changes=track_changes, eviction_log=eviction_log)
         self.capacity = self.lifecycle.rows(self.capacity)  # whole buckets
-        self.buckets = self.lifecycle.bucketed_index(self.capacity)  # its variables come with `build`
+        self.state = LifecycleState(self.name, self.lifecycle, self.capacity)  # its variables come with `build`
         self.num_shards, self.local_shards, self.strategy = 1, [0], None
 
     # ------------------------------------------------------------------ state
@@ -164,7 +165,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
                                              initializer="zeros")
             self._size = self.add_weight(name="size", shape=(), dtype="int64", trainable=False, initializer="zeros")
         if self.lifecycle.active:
-            lifecycle.build(self)
+            self.state.create(self)
         for v in (self.variable, self.variable.value, *local_components(self.variable)):
             _OWNERS[id(v)] = self
         super().build(input_shape)
@@ -180,24 +181,29 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
                                           for v in (self._slot_rows, self._row_keys, self._size)))
 
     @property
+    def buckets(self) -> Any:
+        """The bucketed key index of a table with an eviction policy (None without one)."""
+        return self.state.buckets
+
+    @property
     def size(self) -> int:
         """Keys with a row (this process's shards): the rows in use."""
         if not self.indexed:
             return self.capacity * len(self.local_shards)
         if self.lifecycle.evicts:
-            return len(lifecycle.live_rows(self))
+            return len(self.state.live()[0])
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     @property
     def evictions(self) -> int:
         """Keys evicted so far (0 for a table without an eviction policy)."""
-        return int(self._log_total.numpy()) if self.lifecycle.evicts and self.built else 0
+        return self.state.evictions()
 
     @property
     def unplaced(self) -> int:
         """New keys that found every row of their bucket in use by their own step, so got no row
         that step (0 for a table without an eviction policy)."""
-        return int(self._unplaced.numpy()) if self.lifecycle.evicts and self.built else 0
+        return self.state.unplaced_keys()
 
     @property
     def index_bytes_per_row(self) -> int:
@@ -223,14 +229,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         """Which of `rows` (distinct) went to a new key since an optimizer last updated them, clearing
         the mark: the optimizer then starts their slots afresh. None for a table that never gives a
         row a second key (no eviction), where a row's slots start at zero anyway."""
-        fresh = getattr(self, "_row_fresh", None)
-        if fresh is None:
-            return None
-        marked = tf.gather(fresh.value, rows)
-        with tf.control_dependencies([marked]):
-            cleared = fresh.value.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
-        with tf.control_dependencies([cleared]):
-            return tf.identity(marked)
+        return self.state.fresh_rows(rows)
 
     def initial_values(self, keys: Any) -> np.ndarray:
         """The key-seeded initial vectors of `keys` ``[n, dim]`` (NumPy)."""
@@ -274,15 +273,12 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         if not self.indexed:
             keys = self._check_range(keys, self.capacity)
             if insert and life.track_changes:
-                with tf.control_dependencies(lifecycle_ops.touch(self, keys, lifecycle_ops.tick(self))):
+                with tf.control_dependencies(self.state.touch(keys, self.state.tick())):
                     keys = tf.identity(keys)
             return keys, None
         if not insert:
             if life.evicts:
-                now = self._clock.value.read_value()
-                if life.wall_clock:  # expiry against the time now, not the last training lookup
-                    now = tf.maximum(now, tf.cast(tf.timestamp() * 1000.0, tf.int64))
-                rows = self.buckets.lookup(keys, now)
+                rows = self.buckets.lookup(keys, self.state.now())  # expiry: against the time now
             else:
                 rows, _ = key_index.lookup(self.index_variables(component), keys)
             return tf.maximum(rows, 0), rows >= 0
@@ -291,9 +287,10 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
                              "replica (it is replicated or sharded over several here)")
         if life.evicts:
-            rows, found, new_keys, new_rows = lifecycle_ops.place_bucketed(self, keys, counts, admission=admission)
+            rows, found, new_keys, new_rows = self.state.place_bucketed(keys, counts, admission=admission)
         elif life.active:
-            rows, found, new_keys, new_rows = lifecycle_ops.place(self, keys, counts, admission=admission)
+            rows, found, new_keys, new_rows = self.state.place_open(self.index_variables(), keys, counts,
+                                                                    admission=admission)
         else:
             index = self.index_variables(component)
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)

@@ -29,10 +29,10 @@ class RowsByKey:
             rows = np.arange(self.capacity, dtype=np.int64)
             return rows * self.num_shards + self.local_shards[component], rows
         if self.lifecycle.evicts:
-            rows, keys, _ = self.buckets.live(lifecycle.expiry_clock(self))
+            rows, keys, _ = self.state.live(component)
             return keys, rows
         index = self.index_variables(component)
-        rows = lifecycle.live_rows(self, component)
+        rows = np.arange(int(index.size.numpy()), dtype=np.int64)
         return tf.gather(index.row_keys, rows).numpy(), rows
 
     def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
@@ -55,9 +55,9 @@ class RowsByKey:
                     "key_slots": self._key_slots(component, rows)}
             part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
             if self.lifecycle.track_changes:
-                part["marks"] = lifecycle.row_marks(self, rows)
+                part["marks"] = self.state.row_marks(rows, component)
             if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = lifecycle.row_counts(self, rows)
+                part["counts"] = self.state.row_counts(rows, component)
             parts.append(part)
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
@@ -113,7 +113,7 @@ class RowsByKey:
         written."""
         keys, values, variables = self._checked(arrays, optimizer)
         self._check_fit(keys)
-        slots = lifecycle.reset(self, keys, arrays.get("marks"), arrays.get("counts")) \
+        slots = self.state.reset(keys, arrays.get("marks"), arrays.get("counts")) \
             if self.lifecycle.active else None
         if slots is None:
             self._assign(0, keys, values, variables)

@@ -348,7 +348,7 @@ def test_a_sketch_of_another_shape_is_not_restored(tmp_path):
     again(tf.constant([1], tf.int64), training=False)
     with pytest.warns(RuntimeWarning, match=r"sketch \(saved \(4, 16\), this table \(2, 32\)\)"):
         load_checkpoint(tmp_path / "ckpt", restored)
-    assert not again._sketch.numpy().any()
+    assert not again.state.sketch.numpy().any()
 
 
 def test_a_wall_clock_ttl_table_keeps_millisecond_marks():

@@ -24,11 +24,11 @@ def _dense(g: tf.IndexedSlices) -> tf.Tensor:
 
 def _table(start: np.ndarray, marks: bool = False) -> EmbeddingTable:
     """A table of row ids holding `start`; with `marks`, the per-row fresh marks a table that evicts
-    keys keeps (`EmbeddingTable.fresh_rows`), added by hand: no table evicts yet."""
+    keys keeps (`EmbeddingTable.fresh_rows`), added by hand: a table of row ids never evicts."""
     table = EmbeddingTable(*start.shape, dynamic=False)
     if marks:  # before build: a built layer takes no new state
-        table._row_fresh = table.add_weight(name="row_fresh", shape=(start.shape[0],), dtype="bool",
-                                            trainable=False, initializer="zeros")
+        table.state.row_fresh = table.add_weight(name="row_fresh", shape=(start.shape[0],), dtype="bool",
+                                                 trainable=False, initializer="zeros")
     table.build()
     table.variable.assign(start)
     return table
@@ -157,7 +157,7 @@ def test_a_row_given_to_a_new_key_starts_with_fresh_slots(ours, kwargs, graph):
         opt.apply([g], [table.variable])
         control_opt.apply([g], [control.variable])
     before = table.variable.numpy()
-    table._row_fresh.assign(np.isin(np.arange(ROWS), [7, 20]))  # rows 7 and 20 went to new keys
+    table.state.row_fresh.assign(np.isin(np.arange(ROWS), [7, 20]))  # rows 7 and 20 went to new keys
     values = rng.normal(size=(2, DIM)).astype(np.float32)
     last = tf.IndexedSlices(tf.constant(values), tf.constant([3, 7]))  # row 20 is not touched: it stays marked
 
@@ -184,4 +184,4 @@ def test_a_row_given_to_a_new_key_starts_with_fresh_slots(ours, kwargs, graph):
     for slot, control_slot in zip(slots, control_slots, strict=True):
         np.testing.assert_array_equal(slot.numpy()[others], control_slot.numpy()[others])
     marked = [20] if slots else [7, 20]  # row 7's mark is cleared, row 20's kept (plain SGD, no state: both kept)
-    assert np.flatnonzero(table._row_fresh.numpy()).tolist() == marked
+    assert np.flatnonzero(table.state.row_fresh.numpy()).tolist() == marked

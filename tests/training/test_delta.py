@@ -95,7 +95,7 @@ def test_a_delta_applied_out_of_order_or_to_another_model_is_refused_and_changes
     assert after == before
     apply_delta(tmp_path / "serving", export_delta(model, tmp_path / "d_all", since=tmp_path / "serving"))
     marks = json.loads((tmp_path / "serving" / "manifest.json").read_text())["state"]["export"]["marks"]
-    assert marks == [sok.tables_of(model)[0]._clock.numpy()]
+    assert marks == [sok.tables_of(model)[0].state.mark()]
 
 
 def test_a_table_without_tracking_cannot_export_deltas(tmp_path):

@@ -1,0 +1,203 @@
+"""The lifecycle state of a table that forgets: the variables behind eviction, admission and change
+tracking, owned by one object and read only through its methods.
+
+A table with any lifecycle option (`sok_tutorial.embedding.lifecycle.Lifecycle`) holds a
+`LifecycleState` (``table.state``); nothing else touches its variables. Its graph methods
+(`sok_tutorial.embedding.lifecycle_ops.LifecycleOps`: the clock, admission, placing keys, the
+eviction log) run inside a training step; the host methods below answer exports, deltas and
+checkpoints. The variables are Keras weights of the table, so under a strategy they are mirrored
+like the table's own: each replica's copy is the state of its shard, and a host method reads one
+local copy (``component``, 0 for a table on one device).
+
+    clock               int64   training lookups so far (or the time in ms of the last, ttl_seconds)
+    row_seen            int64   no policy, tracking changes: each row's last mark (-1: never)
+    buckets                     a policy: the `sok_tutorial.embedding.buckets.BucketedIndex`
+    row_fresh           bool    a policy: rows given to a new key since an optimizer last updated them
+    unplaced            int64   a policy: new keys that found their bucket in use by their own step
+    log_keys, log_marks int64   a policy: the eviction log, a ring of eviction_log entries, and
+    log_total, log_floor        the count ever logged and the newest mark the ring let go
+    sketch, sketch_added int32  min_count > 1: the count-min sketch and the counts since its halving
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any
+
+import keras
+import numpy as np
+
+from sok_tutorial.embedding.lifecycle_ops import LifecycleOps
+from sok_tutorial.embedding.ops import local_components
+
+_SAVED = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
+
+
+class LifecycleState(LifecycleOps):
+    """The lifecycle variables of a table named `name` of `capacity` rows with `options` (module
+    docstring); `create` makes them, as weights of the table."""
+
+    def __init__(self, name: str, options: Any, capacity: int):
+        self.name, self.options, self.capacity = name, options, capacity
+        self.buckets = options.bucketed_index(capacity)  # its variables come with `create`
+        self.clock = self.row_seen = self.row_fresh = self.unplaced = None
+        self.log_keys = self.log_marks = self.log_total = self.log_floor = None
+        self.sketch = self.sketch_added = None
+
+    def create(self, layer: Any) -> None:
+        """Make the variables as non-trainable weights of `layer` (the table)."""
+        life, capacity = self.options, self.capacity
+
+        def weight(name: str, shape: tuple, dtype: str, value: Any = 0) -> Any:
+            return layer.add_weight(name=name, shape=shape, dtype=dtype, trainable=False,
+                                    initializer=keras.initializers.Constant(value))
+
+        self.clock = weight("clock", (), "int64")
+        if life.evicts:
+            self.buckets.create(weight)
+            self.row_fresh = weight("row_fresh", (capacity,), "bool", False)
+            self.unplaced = weight("unplaced", (), "int64")
+            self.log_keys = weight("log_keys", (life.eviction_log,), "int64")
+            self.log_marks = weight("log_marks", (life.eviction_log,), "int64")
+            self.log_total = weight("log_total", (), "int64")
+            self.log_floor = weight("log_floor", (), "int64", -1)
+        elif life.track_changes:
+            self.row_seen = weight("row_seen", (capacity,), "int64", -1)
+        if life.min_count > 1:
+            self.sketch = weight("sketch", (life.sketch_depth * life.sketch_width,), "int32")
+            self.sketch_added = weight("sketch_added", (), "int64")
+
+    @property
+    def created(self) -> bool:
+        return self.clock is not None
+
+    # ------------------------------------------------------------------ on the host
+    @staticmethod
+    def _read(variable: Any, component: int = 0) -> np.ndarray:
+        return np.asarray(local_components(variable)[component].numpy())
+
+    def mark(self, component: int = 0) -> int:
+        """The clock now: what `changed_since` and `evicted_since` compare with."""
+        return int(self._read(self.clock, component)) if self.created else 0
+
+    def expiry_clock(self, component: int = 0) -> int:
+        """What ``"ttl"`` compares a row's mark with on the host: the clock, or for a wall clock the
+        time now (a table that stopped training still sees its keys expire)."""
+        clock = self.mark(component)
+        return max(clock, int(time.time() * 1000)) if self.options.wall_clock else clock
+
+    def evictions(self, component: int = 0) -> int:
+        """Keys evicted so far (0 without a policy)."""
+        return int(self._read(self.log_total, component)) if self.options.evicts and self.created else 0
+
+    def unplaced_keys(self, component: int = 0) -> int:
+        """New keys left without a row because their bucket was in use by their own step."""
+        return int(self._read(self.unplaced, component)) if self.options.evicts and self.created else 0
+
+    def live(self, component: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A table with a policy: (rows, keys, marks) of the rows holding a key not expired, row order."""
+        return self.buckets.live(self.expiry_clock(component))
+
+    def row_marks(self, rows: np.ndarray, component: int = 0) -> np.ndarray:
+        """The clock of each row's last training lookup (or write)."""
+        marks = self.buckets.marks if self.options.evicts else self.row_seen
+        return self._read(marks, component)[rows].astype(np.int64)
+
+    def row_counts(self, rows: np.ndarray, component: int = 0) -> np.ndarray:
+        """``"lfu"``: each row's count, as stored (decayed as of its last touch)."""
+        return self._read(self.buckets.counts, component)[rows]
+
+    def changed_since(self, since: int, rows_in_use: int, component: int = 0) -> np.ndarray:
+        """Rows whose vectors a training lookup (or `write`) touched after clock `since` (found from
+        the rows' marks when asked: nothing is recorded per step); `rows_in_use`: how many rows of a
+        table without a policy hold keys (its rows ``0 .. rows_in_use - 1``)."""
+        self._tracked()
+        if self.options.evicts:
+            rows, _, marks = self.live(component)
+            return rows[marks > since]
+        seen = self._read(self.row_seen, component)[:rows_in_use]
+        return np.flatnonzero(seen > since).astype(np.int64)
+
+    def evicted_since(self, since: int, component: int = 0) -> np.ndarray:
+        """Keys evicted after clock `since`, oldest first (a key may appear again if it came back),
+        then, under ``"ttl"``, the keys that have expired since then and still sit in their rows."""
+        self._tracked()
+        if not self.options.evicts:
+            return np.zeros(0, np.int64)
+        floor = int(self._read(self.log_floor, component))
+        if since < floor:
+            raise ValueError(f"{self.name}: the eviction log (eviction_log={self.options.eviction_log:,} entries) "
+                             f"no longer holds evictions after mark {since} (it starts after {floor}); export the "
+                             "table in full, or raise eviction_log")
+        total, size = int(self._read(self.log_total, component)), self.options.eviction_log
+        order = np.arange(max(0, total - size), total) % size
+        keys, marks = self._read(self.log_keys, component)[order], self._read(self.log_marks, component)[order]
+        return np.concatenate([keys[marks > since], self.buckets.expired(since, self.expiry_clock(component))])
+
+    def _tracked(self) -> None:
+        if not self.options.track_changes:
+            raise ValueError(f"{self.name}: the table does not track changes; build it with track_changes=True "
+                             "(or an eviction_policy) to export deltas")
+
+    def saved(self, component: int = 0) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps beside the rows: the clock, the admission sketch and the eviction log."""
+        state = {name: self._read(getattr(self, name), component) for name in _SAVED
+                 if getattr(self, name) is not None}
+        if "sketch" in state:  # saved as depth x width: a sketch of another shape is told apart on restore
+            state["sketch"] = state["sketch"].reshape(self.options.sketch_depth, self.options.sketch_width)
+        return state
+
+    def load(self, state: dict[str, np.ndarray]) -> list[str]:
+        """Put back what `saved` kept (after `reset`); returns what did not fit these options (another
+        sketch size or eviction log length), which stays as `reset` left it."""
+        skipped = []
+        for name in _SAVED:
+            variable = getattr(self, name)
+            if name not in state or variable is None:
+                continue
+            value = state[name]
+            shape = (self.options.sketch_depth, self.options.sketch_width) if name == "sketch" \
+                else tuple(variable.shape)
+            if value.shape != shape:
+                skipped.append(f"{name} (saved {value.shape}, this table {shape})")
+                continue
+            if name == "clock":  # never back: `reset` may have moved it to the latest saved mark
+                value = max(int(variable.numpy()), int(value))
+            variable.assign(np.reshape(value, variable.shape))
+        if any(s.startswith("log_") for s in skipped):  # a log of another length: start it afresh, now
+            self.log_total.assign(0)
+            self.log_floor.assign(int(self.clock.numpy()))
+        return skipped
+
+    def reset(self, keys: np.ndarray, marks: np.ndarray | None, counts: np.ndarray | None) -> np.ndarray | None:
+        """Before a restore writes the rows of `keys`: marks as saved (else now) and the clock at least
+        at the latest, LFU counts as saved (else 0), an empty eviction log. Returns the row of each key
+        in a bucketed table (-1: its bucket was full; those keys are left out, with a warning), None
+        for another table, whose keys take rows ``0 .. n-1``. A checkpoint then puts back the clock,
+        the admission sketch and the log (`load`)."""
+        life, n = self.options, len(keys)
+        now = self.expiry_clock()  # (a wall clock: now, not the last training lookup, which may be none yet)
+        if life.track_changes and marks is not None and len(marks):
+            now = max(now, int(np.max(marks)))
+        if life.track_changes:
+            self.clock.assign(now)
+        marks = np.full(n, now, np.int64) if marks is None else np.asarray(marks, np.int64)
+        if not life.evicts:
+            if life.track_changes:
+                seen = np.full(self.capacity, -1, np.int64)
+                seen[:n] = marks
+                self.row_seen.assign(seen)
+            return None
+        counts = None if counts is None else np.asarray(counts, np.int64)
+        priority = marks if counts is None else counts * (1 << 32) + marks
+        slots = self.buckets.arrange(keys, priority)
+        left = int(np.count_nonzero(slots < 0))
+        if left:
+            warnings.warn(f"{self.name}: {left:,} of {n:,} keys restored did not fit their buckets "
+                          f"(bucket_capacity={life.bucket_capacity}, capacity={self.capacity:,}) and were left out, "
+                          "the least recently used (LFU: least used) of each bucket", RuntimeWarning, stacklevel=3)
+        self.buckets.load(keys, slots, marks, counts)
+        self.row_fresh.assign(np.zeros(self.capacity, bool))
+        self.log_total.assign(0)
+        self.log_floor.assign(now)
+        return slots
