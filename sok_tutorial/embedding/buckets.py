@@ -52,12 +52,15 @@ Example:
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from sok_tutorial.embedding.ops import local_components
 
 _MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
@@ -109,12 +112,16 @@ class BucketedIndex:
         ttl: ``"ttl"``: the age (clock units) past which a key has expired.
         halflife: ``"lfu"``: steps per halving of the counts.
         mark_dtype: ``"int32"`` (step clock) or ``"int64"`` (millisecond clock).
+        shards: the shards of one table that this index is one of (row-wise over replicas): a key's
+            bucket of the whole table, ``g = bucket_of(key, shards * buckets)``, is bucket ``g //
+            shards`` of shard ``g % shards`` (`owner_of`). The table of N shards then keeps every key
+            in the bucket, and so decides every eviction, as one index of N times the capacity.
     """
 
     def __init__(self, capacity: int, width: int, policy: str, *, ttl: int | None = None, halflife: int = 1000,
-                 mark_dtype: str = "int32"):
+                 mark_dtype: str = "int32", shards: int = 1):
         self.capacity, self.width, self.policy = int(capacity), int(width), policy
-        self.num_buckets = self.capacity // self.width
+        self.num_buckets, self.shards = self.capacity // self.width, int(shards)
         self.ttl, self.halflife, self.mark_dtype = ttl, int(halflife), tf.as_dtype(mark_dtype)
         self.keys = self.marks = self.counts = None
 
@@ -127,15 +134,44 @@ class BucketedIndex:
         if self.policy == "lfu":
             self.counts = weight("row_count", (self.capacity,), "int32", 0)
 
+    def local(self, component: int) -> BucketedIndex:
+        """This index over one local copy of its (mirrored) variables: a replica's shard, on the host
+        or outside ``strategy.run``."""
+        view = copy.copy(self)
+        for name in ("keys", "marks", "counts"):
+            if getattr(self, name) is not None:
+                setattr(view, name, local_components(getattr(self, name))[component])
+        return view
+
+    def bucket(self, keys: tf.Tensor) -> tf.Tensor:
+        """The bucket of each key in its shard's index."""
+        if self.shards == 1:
+            return bucket_of(keys, self.num_buckets)
+        return bucket_of(keys, self.num_buckets * self.shards) // self.shards
+
+    def bucket_np(self, keys: np.ndarray) -> np.ndarray:
+        """NumPy twin of `bucket`."""
+        if self.shards == 1:
+            return bucket_of_np(keys, self.num_buckets)
+        return bucket_of_np(keys, self.num_buckets * self.shards) // self.shards
+
+    def owner_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """The shard holding each key (int64): its bucket of the whole table, modulo the shards."""
+        return bucket_of(keys, self.num_buckets * self.shards) % self.shards
+
+    def owner_of_np(self, keys: np.ndarray) -> np.ndarray:
+        """NumPy twin of `owner_of`."""
+        return bucket_of_np(keys, self.num_buckets * self.shards) % self.shards
+
     def empty_keys(self) -> np.ndarray:
         """The key an empty slot holds: one whose bucket is another (so no lookup can match it), or
         with a single bucket 0 (its lookups also check the marks)."""
         keys = np.zeros(self.capacity, np.int64)
         if self.num_buckets == 1:
             return keys
-        first = int(bucket_of_np(np.zeros(1, np.int64), self.num_buckets)[0])
+        first = int(self.bucket_np(np.zeros(1, np.int64))[0])
         candidates = np.arange(1, 1 << 12, dtype=np.int64)  # one of these lands elsewhere (P(all in one) ~ 0)
-        other = int(candidates[np.argmax(bucket_of_np(candidates, self.num_buckets) != first)])
+        other = int(candidates[np.argmax(self.bucket_np(candidates) != first)])
         keys[first * self.width:(first + 1) * self.width] = other
         return keys
 
@@ -148,7 +184,7 @@ class BucketedIndex:
     def _find(self, keys: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired,
         mark of the row (None under ``"lru"``))."""
-        bucket = bucket_of(keys, self.num_buckets)
+        bucket = self.bucket(keys)
         held_keys = tf.gather(_tf(self.keys), bucket)  # (n, W): one row per key
         match = tf.equal(held_keys, keys[:, None])
         if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
@@ -253,10 +289,11 @@ class BucketedIndex:
         return self.keys.numpy().reshape(-1)[gone]
 
     def arrange(self, keys: np.ndarray, priority: np.ndarray) -> np.ndarray:
-        """Where `keys` go when loaded into an empty index: the slot of each key, -1 for a key its
-        bucket had no room for; the higher `priority` first within a bucket, then the order given."""
-        bucket = bucket_of_np(keys, self.num_buckets)
-        order = np.lexsort((np.arange(len(keys)), -np.asarray(priority, np.int64), bucket))
+        """Where `keys` (distinct) go when loaded into an empty index: the slot of each key, -1 for a
+        key its bucket had no room for; the higher `priority` first within a bucket, then the smaller
+        key (so the slots do not depend on the order given: a checkpoint of any layout restores alike)."""
+        bucket = self.bucket_np(keys)
+        order = np.lexsort((np.asarray(keys, np.int64), -np.asarray(priority, np.int64), bucket))
         ranked = bucket[order]
         starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(keys) else np.zeros(0, np.int64)
         rank = np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))

@@ -156,8 +156,8 @@ class ColumnShardedTable(ShardedTable):
         variable.scatter_update(tf.IndexedSlices(values, new_rows))
         return rows, None
 
-    def _owned_rows(self, keys: tf.Tensor, slots: Any, insert: bool,
-                    component: int | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
+    def _owned_rows(self, keys: tf.Tensor, slots: Any, insert: bool, component: int | None = None,
+                    counts: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
         return self.rows(keys, insert, component) if self.indexed else (tf.math.floordiv(keys, self.grid[0]), None)
 
     def _replica_lookup(self, context: Any, keys: tf.Tensor, slots: Any, insert: bool) -> tf.Tensor:

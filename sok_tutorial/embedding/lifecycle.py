@@ -28,6 +28,11 @@ entries) with the clock of their eviction: `changed_since` and `evicted_since` a
 export (`sok_tutorial.training.delta`) writes. Tables without a policy keep the open-addressing
 index of `sok_tutorial.embedding.index` and never drop a key.
 
+The state lives in `sok_tutorial.embedding.lifecycle_state.LifecycleState` (``table.state``).
+Under a strategy, a replicated table places the distinct keys of every replica's batch on every
+replica, so its copies decide alike; a row-wise sharded table keeps one state per shard
+(`sok_tutorial.embedding.sharding`).
+
 Example:
     >>> import tensorflow as tf
     >>> from sok_tutorial.embedding import EmbeddingTable
@@ -131,14 +136,15 @@ class Lifecycle:
                    width, int(min_count), float(admit_probability), int(sketch_depth), width_sketch,
                    bool(track_changes) or eviction_policy is not None, log)
 
-    def bucketed_index(self, capacity: int) -> BucketedIndex | None:
+    def bucketed_index(self, capacity: int, shards: int = 1) -> BucketedIndex | None:
         """The bucketed index (its variables not made yet) of a table of `capacity` rows with a
-        policy; None without one."""
+        policy (per shard, of `shards` row-wise shards); None without one."""
         if not self.evicts:
             return None
         return BucketedIndex(capacity, self.bucket_capacity, self.eviction_policy,
                              ttl=self.ttl_units if self.eviction_policy == "ttl" else None,
-                             halflife=self.lfu_halflife, mark_dtype="int64" if self.wall_clock else "int32")
+                             halflife=self.lfu_halflife, mark_dtype="int64" if self.wall_clock else "int32",
+                             shards=shards)
 
     def rows(self, capacity: int) -> int:
         """The capacity a table of `capacity` rows really has: whole buckets, with a policy."""
@@ -202,8 +208,9 @@ def changed_since(table: Any, since: int) -> np.ndarray:
 
 def evicted_since(table: Any, since: int) -> np.ndarray:
     """Keys of `table` evicted after clock `since`, oldest first, then (``"ttl"``) the keys expired
-    since then (`sok_tutorial.embedding.lifecycle_state.LifecycleState.evicted_since`)."""
-    return table.state.evicted_since(since)
+    since then (`sok_tutorial.embedding.lifecycle_state.LifecycleState.evicted_since`); a table
+    sharded row-wise over this process's replicas: shard by shard."""
+    return np.concatenate([table.state.local(c).evicted_since(since) for c in range(len(table.local_shards))])
 
 
 def saved_state(table: Any) -> dict[str, np.ndarray]:

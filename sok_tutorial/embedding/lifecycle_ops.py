@@ -24,7 +24,10 @@ _STEP_CLOCK_LIMIT = 2**31 - 2  # a step clock is kept in int32 marks
 
 
 def _v(variable: Any) -> Any:
-    return variable.value
+    """The TensorFlow variable behind a Keras one (a mirrored one in a replica: that replica's copy),
+    or a tf.Variable itself (one local copy, from `LifecycleState.local`)."""
+    value = variable.value
+    return variable if callable(value) else value
 
 
 def _cells(keys: tf.Tensor, depth: int, width: int) -> tf.Tensor:

@@ -6,8 +6,8 @@ A table with any lifecycle option (`sok_tutorial.embedding.lifecycle.Lifecycle`)
 (`sok_tutorial.embedding.lifecycle_ops.LifecycleOps`: the clock, admission, placing keys, the
 eviction log) run inside a training step; the host methods below answer exports, deltas and
 checkpoints. The variables are Keras weights of the table, so under a strategy they are mirrored
-like the table's own: each replica's copy is the state of its shard, and a host method reads one
-local copy (``component``, 0 for a table on one device).
+like the table's own: each replica's copy is the state of its shard. Host methods read this
+process's first copy; `local` gives the state over any other (a shard of a row-wise table).
 
     clock               int64   training lookups so far (or the time in ms of the last, ttl_seconds)
     row_seen            int64   no policy, tracking changes: each row's last mark (-1: never)
@@ -20,6 +20,7 @@ local copy (``component``, 0 for a table on one device).
 """
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from typing import Any
@@ -30,16 +31,19 @@ import numpy as np
 from sok_tutorial.embedding.lifecycle_ops import LifecycleOps
 from sok_tutorial.embedding.ops import local_components
 
+_VARIABLES = ("clock", "row_seen", "row_fresh", "unplaced", "log_keys", "log_marks", "log_total", "log_floor",
+              "sketch", "sketch_added")
 _SAVED = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
 
 
 class LifecycleState(LifecycleOps):
-    """The lifecycle variables of a table named `name` of `capacity` rows with `options` (module
-    docstring); `create` makes them, as weights of the table."""
+    """The lifecycle variables of a table named `name` of `capacity` rows (per shard) with `options`
+    (module docstring); `create` makes them, as weights of the table. `shards`: the row-wise shards
+    of the table, each holding one copy of these variables (`local`)."""
 
-    def __init__(self, name: str, options: Any, capacity: int):
-        self.name, self.options, self.capacity = name, options, capacity
-        self.buckets = options.bucketed_index(capacity)  # its variables come with `create`
+    def __init__(self, name: str, options: Any, capacity: int, shards: int = 1):
+        self.name, self.options, self.capacity, self.shards = name, options, capacity, shards
+        self.buckets = options.bucketed_index(capacity, shards)  # its variables come with `create`
         self.clock = self.row_seen = self.row_fresh = self.unplaced = None
         self.log_keys = self.log_marks = self.log_total = self.log_floor = None
         self.sketch = self.sketch_added = None
@@ -71,77 +75,88 @@ class LifecycleState(LifecycleOps):
     def created(self) -> bool:
         return self.clock is not None
 
+    def local(self, component: int) -> LifecycleState:
+        """This state over one local copy of its variables (a shard of a table sharded over this
+        process's replicas; 0 on one device), for the host and for lookups outside ``strategy.run``."""
+        view = copy.copy(self)
+        for name in _VARIABLES:
+            if getattr(self, name) is not None:
+                setattr(view, name, local_components(getattr(self, name))[component])
+        if self.buckets is not None:
+            view.buckets = self.buckets.local(component)
+        return view
+
     # ------------------------------------------------------------------ on the host
     @staticmethod
-    def _read(variable: Any, component: int = 0) -> np.ndarray:
-        return np.asarray(local_components(variable)[component].numpy())
+    def _read(variable: Any) -> np.ndarray:
+        return np.asarray(variable.numpy())  # (a mirrored variable: this process's first copy; see `local`)
 
-    def mark(self, component: int = 0) -> int:
+    def mark(self) -> int:
         """The clock now: what `changed_since` and `evicted_since` compare with."""
-        return int(self._read(self.clock, component)) if self.created else 0
+        return int(self._read(self.clock)) if self.created else 0
 
-    def expiry_clock(self, component: int = 0) -> int:
+    def expiry_clock(self) -> int:
         """What ``"ttl"`` compares a row's mark with on the host: the clock, or for a wall clock the
         time now (a table that stopped training still sees its keys expire)."""
-        clock = self.mark(component)
+        clock = self.mark()
         return max(clock, int(time.time() * 1000)) if self.options.wall_clock else clock
 
-    def evictions(self, component: int = 0) -> int:
+    def evictions(self) -> int:
         """Keys evicted so far (0 without a policy)."""
-        return int(self._read(self.log_total, component)) if self.options.evicts and self.created else 0
+        return int(self._read(self.log_total)) if self.options.evicts and self.created else 0
 
-    def unplaced_keys(self, component: int = 0) -> int:
+    def unplaced_keys(self) -> int:
         """New keys left without a row because their bucket was in use by their own step."""
-        return int(self._read(self.unplaced, component)) if self.options.evicts and self.created else 0
+        return int(self._read(self.unplaced)) if self.options.evicts and self.created else 0
 
-    def live(self, component: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def live(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A table with a policy: (rows, keys, marks) of the rows holding a key not expired, row order."""
-        return self.buckets.live(self.expiry_clock(component))
+        return self.buckets.live(self.expiry_clock())
 
-    def row_marks(self, rows: np.ndarray, component: int = 0) -> np.ndarray:
+    def row_marks(self, rows: np.ndarray) -> np.ndarray:
         """The clock of each row's last training lookup (or write)."""
         marks = self.buckets.marks if self.options.evicts else self.row_seen
-        return self._read(marks, component)[rows].astype(np.int64)
+        return self._read(marks)[rows].astype(np.int64)
 
-    def row_counts(self, rows: np.ndarray, component: int = 0) -> np.ndarray:
+    def row_counts(self, rows: np.ndarray) -> np.ndarray:
         """``"lfu"``: each row's count, as stored (decayed as of its last touch)."""
-        return self._read(self.buckets.counts, component)[rows]
+        return self._read(self.buckets.counts)[rows]
 
-    def changed_since(self, since: int, rows_in_use: int, component: int = 0) -> np.ndarray:
+    def changed_since(self, since: int, rows_in_use: int) -> np.ndarray:
         """Rows whose vectors a training lookup (or `write`) touched after clock `since` (found from
         the rows' marks when asked: nothing is recorded per step); `rows_in_use`: how many rows of a
         table without a policy hold keys (its rows ``0 .. rows_in_use - 1``)."""
         self._tracked()
         if self.options.evicts:
-            rows, _, marks = self.live(component)
+            rows, _, marks = self.live()
             return rows[marks > since]
-        seen = self._read(self.row_seen, component)[:rows_in_use]
+        seen = self._read(self.row_seen)[:rows_in_use]
         return np.flatnonzero(seen > since).astype(np.int64)
 
-    def evicted_since(self, since: int, component: int = 0) -> np.ndarray:
+    def evicted_since(self, since: int) -> np.ndarray:
         """Keys evicted after clock `since`, oldest first (a key may appear again if it came back),
         then, under ``"ttl"``, the keys that have expired since then and still sit in their rows."""
         self._tracked()
         if not self.options.evicts:
             return np.zeros(0, np.int64)
-        floor = int(self._read(self.log_floor, component))
+        floor = int(self._read(self.log_floor))
         if since < floor:
             raise ValueError(f"{self.name}: the eviction log (eviction_log={self.options.eviction_log:,} entries) "
                              f"no longer holds evictions after mark {since} (it starts after {floor}); export the "
                              "table in full, or raise eviction_log")
-        total, size = int(self._read(self.log_total, component)), self.options.eviction_log
+        total, size = int(self._read(self.log_total)), self.options.eviction_log
         order = np.arange(max(0, total - size), total) % size
-        keys, marks = self._read(self.log_keys, component)[order], self._read(self.log_marks, component)[order]
-        return np.concatenate([keys[marks > since], self.buckets.expired(since, self.expiry_clock(component))])
+        keys, marks = self._read(self.log_keys)[order], self._read(self.log_marks)[order]
+        return np.concatenate([keys[marks > since], self.buckets.expired(since, self.expiry_clock())])
 
     def _tracked(self) -> None:
         if not self.options.track_changes:
             raise ValueError(f"{self.name}: the table does not track changes; build it with track_changes=True "
                              "(or an eviction_policy) to export deltas")
 
-    def saved(self, component: int = 0) -> dict[str, np.ndarray]:
+    def saved(self) -> dict[str, np.ndarray]:
         """What a checkpoint keeps beside the rows: the clock, the admission sketch and the eviction log."""
-        state = {name: self._read(getattr(self, name), component) for name in _SAVED
+        state = {name: self._read(getattr(self, name)) for name in _SAVED
                  if getattr(self, name) is not None}
         if "sketch" in state:  # saved as depth x width: a sketch of another shape is told apart on restore
             state["sketch"] = state["sketch"].reshape(self.options.sketch_depth, self.options.sketch_width)
@@ -169,14 +184,16 @@ class LifecycleState(LifecycleOps):
             self.log_floor.assign(int(self.clock.numpy()))
         return skipped
 
-    def reset(self, keys: np.ndarray, marks: np.ndarray | None, counts: np.ndarray | None) -> np.ndarray | None:
+    def reset(self, keys: np.ndarray, marks: np.ndarray | None, counts: np.ndarray | None,
+              clock: int = 0) -> np.ndarray | None:
         """Before a restore writes the rows of `keys`: marks as saved (else now) and the clock at least
         at the latest, LFU counts as saved (else 0), an empty eviction log. Returns the row of each key
         in a bucketed table (-1: its bucket was full; those keys are left out, with a warning), None
         for another table, whose keys take rows ``0 .. n-1``. A checkpoint then puts back the clock,
-        the admission sketch and the log (`load`)."""
+        the admission sketch and the log (`load`). `clock`: the clock starts at least there (the
+        shards of a table restore to one clock, the latest mark of all of them)."""
         life, n = self.options, len(keys)
-        now = self.expiry_clock()  # (a wall clock: now, not the last training lookup, which may be none yet)
+        now = max(self.expiry_clock(), clock)  # (a wall clock: now, not the last training lookup, maybe none yet)
         if life.track_changes and marks is not None and len(marks):
             now = max(now, int(np.max(marks)))
         if life.track_changes:

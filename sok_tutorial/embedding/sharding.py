@@ -30,6 +30,15 @@ A lookup inside ``strategy.run`` is one exchange::
 so the gradient of a shard is a ``tf.IndexedSlices`` over the rows it owns, already summed over
 replicas: the sparse optimizers apply it to that replica's shard only (no all-reduce).
 
+A row-wise table may forget (``eviction_policy``, admission, ``track_changes``): each shard holds
+its own lifecycle state (`sok_tutorial.embedding.lifecycle_state.LifecycleState`, one copy of
+its mirrored variables per replica), and with an eviction policy a key belongs to the shard of
+its bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`) rather than ``k mod N``.
+Every shard sees the keys it owns in the global batch's order and ticks its clock once a step, so
+N shards of ``capacity`` rows keep, evict and admit exactly the keys one table of ``N *
+capacity`` rows would. Export, deltas and checkpoints speak the one-device layout (keys with
+their marks and counts), and a restore puts each key in its shard's bucket.
+
 Bytes received per replica and step, K keys per replica of dim d (float32, int64 keys), ring
 collectives::
 
@@ -70,6 +79,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.initializers import KeyedInitializer
+from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components
 from sok_tutorial.embedding.placement import EXCHANGES, plan_table_wise
 from sok_tutorial.embedding.precision import compute_dtype
@@ -103,10 +113,10 @@ class ShardedTable(EmbeddingTable):
     def __init__(self, capacity: int, dim: int, *, sharding: str = "row", exchange: str = "all_gather",
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
-        if self.lifecycle.active:
-            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available on a table "
-                             f"sharded over replicas (sharding={sharding!r}); use sharding='replicated' on one replica")
         self.sharding = checks.one_of("sharding", sharding, self.SHARDINGS)
+        if self.lifecycle.active and self.sharding != "row":
+            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available with "
+                             f"sharding={sharding!r} yet; use sharding='row' or 'replicated'")
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -128,6 +138,8 @@ class ShardedTable(EmbeddingTable):
             return
         strategy = tf.distribute.get_strategy()
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
+        if self.lifecycle.active:  # a shard's state per replica; a bucketed index routes keys by bucket
+            self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=self.num_shards)
         if self.sharding == "table":
             sizes = self.slot_sizes or [1] * self.slot_num
             if len(sizes) != self.slot_num:
@@ -146,17 +158,23 @@ class ShardedTable(EmbeddingTable):
                 component.assign(tf.cast(self.initial_values(rows * self.num_shards + shard), component.dtype))
 
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
+        """The replica holding each key: row-wise ``key mod N``, or with an eviction policy the shard
+        of the key's bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`); table-wise
+        the replica of its slot."""
         if self.sharding == "row":
-            return tf.math.floormod(keys, self.num_shards)
+            return self.buckets.owner_of(keys) if self.lifecycle.evicts else tf.math.floormod(keys, self.num_shards)
         return tf.gather(tf.constant(self.owners, tf.int64), slots)
 
-    def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool,
-                    component: int | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """Rows in this shard of distinct `keys` it owns (`slots`: each key's slot, table-wise)."""
+    def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool, component: int | None = None,
+                    counts: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """Rows in this shard of distinct `keys` it owns (`slots`: each key's slot, table-wise;
+        `counts`: their occurrences, for LFU and admission)."""
         if not self.indexed:
+            if insert and self.lifecycle.track_changes:
+                return self.rows(tf.math.floordiv(keys, self.num_shards), insert, component)
             return tf.math.floordiv(keys, self.num_shards), None
         if not (insert and self.sharding == "table"):
-            return self.rows(keys, insert, component)
+            return self.rows(keys, insert, component, counts=counts)
         held = self.index_variables(component).size.read_value()
         rows, found = self.rows(keys, insert, component)
         fresh = rows >= held
@@ -208,7 +226,9 @@ class ShardedTable(EmbeddingTable):
         unique, position = tf.unique(keys, out_idx=tf.int32)
         unique_slots = None if slots is None else tf.math.unsorted_segment_max(
             slots, position, tf.size(unique))  # a key's slots agree (slots use disjoint keys)
-        rows, found = self._owned_rows(unique, unique_slots, insert, component)
+        counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
+            if insert and self.lifecycle.counts else None
+        rows, found = self._owned_rows(unique, unique_slots, insert, component, counts)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
         return self._vectors(variable, rows, found, position)
 
@@ -269,7 +289,7 @@ class ShardedTable(EmbeddingTable):
         keys, values, variables = self._checked(arrays, optimizer)
         key_slots = np.asarray(arrays.get("key_slots", np.full(len(keys), -1)), np.int64)
         if self.sharding == "row":
-            owners = np.mod(keys, self.num_shards)
+            owners = self.buckets.owner_of_np(keys) if self.lifecycle.evicts else np.mod(keys, self.num_shards)
             if not self.dynamic and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity * self.num_shards):
                 raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
                                  f"[0, {self.capacity * self.num_shards})")
@@ -282,8 +302,8 @@ class ShardedTable(EmbeddingTable):
                                  "tables only")
             owners = np.asarray(self.owners, np.int64)[key_slots]
         owned = {shard: np.flatnonzero(owners == shard) for shard in self.local_shards}
-        for shard, part in owned.items():
-            if self.indexed and len(part) > self.capacity:
+        for shard, part in owned.items():  # (a shard that evicts takes any number: `restore` keeps the newest)
+            if self.indexed and not self.lifecycle.evicts and len(part) > self.capacity:
                 raise ValueError(f"{self.name}: shard {shard} would hold {len(part):,} keys, more than "
                                  f"max_vocabulary_size_per_gpu={self.capacity:,}")
         return keys, values, variables, key_slots, owned
@@ -292,9 +312,19 @@ class ShardedTable(EmbeddingTable):
         """Load rows by key saved from any number of shards: each local shard takes the keys it owns
         now (a table-wise table needs each key's slot: ``key_slots``, as `export` writes it)."""
         keys, values, variables, key_slots, owned = self._placement(arrays, optimizer)
+        marks = arrays.get("marks")
+        clock = int(np.max(marks)) if self.lifecycle.track_changes and marks is not None and len(marks) else 0
         for component, shard in enumerate(self.local_shards):
             part = owned[shard]
             part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
+            if self.lifecycle.active:
+                per_key = {name: None if arrays.get(name) is None else np.asarray(arrays[name])[part]
+                           for name in ("marks", "counts")}
+                slots = self.state.local(component).reset(keys[part], per_key["marks"], per_key["counts"], clock)
+                if slots is not None:  # a bucketed shard: each key at its slot
+                    kept = slots >= 0
+                    self._write_rows(component, slots[kept], [v[part][kept] for v in values], variables)
+                    continue
             self._assign(component, keys[part], [v[part] for v in values], variables)
             if self.sharding == "table":
                 full = np.full(self.capacity, -1, np.int64)

@@ -191,19 +191,19 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         if not self.indexed:
             return self.capacity * len(self.local_shards)
         if self.lifecycle.evicts:
-            return len(self.state.live()[0])
+            return sum(len(self.state.local(c).live()[0]) for c in range(len(self.local_shards)))
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     @property
     def evictions(self) -> int:
         """Keys evicted so far (0 for a table without an eviction policy)."""
-        return self.state.evictions()
+        return sum(self.state.local(c).evictions() for c in range(len(self.local_shards))) if self.built else 0
 
     @property
     def unplaced(self) -> int:
         """New keys that found every row of their bucket in use by their own step, so got no row
         that step (0 for a table without an eviction policy)."""
-        return self.state.unplaced_keys()
+        return sum(self.state.local(c).unplaced_keys() for c in range(len(self.local_shards))) if self.built else 0
 
     @property
     def index_bytes_per_row(self) -> int:
@@ -270,27 +270,28 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         are their occurrences in the batch) and writes their initial vectors.
         """
         life = self.lifecycle
+        state = self.state if component is None else self.state.local(component)
         if not self.indexed:
             keys = self._check_range(keys, self.capacity)
             if insert and life.track_changes:
-                with tf.control_dependencies(self.state.touch(keys, self.state.tick())):
+                with tf.control_dependencies(state.touch(keys, state.tick())):
                     keys = tf.identity(keys)
             return keys, None
         if not insert:
             if life.evicts:
-                rows = self.buckets.lookup(keys, self.state.now())  # expiry: against the time now
+                rows = state.buckets.lookup(keys, state.now())  # expiry: against the time now
             else:
                 rows, _ = key_index.lookup(self.index_variables(component), keys)
             return tf.maximum(rows, 0), rows >= 0
         found = None
-        if life.active and (share is not None or component is not None):
-            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes need the table on one "
-                             "replica (it is replicated or sharded over several here)")
+        if life.active and share is not None:  # (`lookup` places the keys of every replica instead)
+            raise ValueError(f"{self.name}: a replicated table with eviction_policy, admission or track_changes "
+                             "places the keys of every replica at once; look it up through `lookup`")
         if life.evicts:
-            rows, found, new_keys, new_rows = self.state.place_bucketed(keys, counts, admission=admission)
+            rows, found, new_keys, new_rows = state.place_bucketed(keys, counts, admission=admission)
         elif life.active:
-            rows, found, new_keys, new_rows = self.state.place_open(self.index_variables(), keys, counts,
-                                                                    admission=admission)
+            rows, found, new_keys, new_rows = state.place_open(self.index_variables(component), keys, counts,
+                                                               admission=admission)
         else:
             index = self.index_variables(component)
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
@@ -311,9 +312,26 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         insert = inserting(training)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
             if insert and self.lifecycle.counts else None
-        rows, found = self.rows(unique, insert=insert, share=self._share(), counts=counts)
+        share = self._share()
+        if share is not None and insert and self.lifecycle.active:
+            rows, found = self._rows_of_every_replica(unique, counts)
+        else:
+            rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
         vectors = self._vectors(self.variable.value, rows, found, position)
         return tf.reshape(vectors, tf.concat([tf.shape(keys), [self.dim]], 0))
+
+    def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """A replicated table that forgets: every replica places the distinct keys of the whole step
+        (the union of the replicas' keys in replica order, their counts summed), so every copy takes
+        the same decisions as one device would and the copies stay equal; then each keeps its own."""
+        context = tf.distribute.get_replica_context()
+        sizes = context.all_gather(tf.shape(keys, out_type=tf.int64)[:1], 0)
+        union, where = tf.unique(all_gather(context, keys, sizes), out_idx=tf.int32)
+        total = None if counts is None else tf.math.unsorted_segment_sum(
+            all_gather(context, counts, sizes), where, tf.size(union))
+        rows, found = self.rows(union, insert=True, counts=total)
+        mine = where[tf.reduce_sum(sizes[:context.replica_id_in_sync_group]):][:tf.size(keys)]
+        return tf.gather(rows, mine), None if found is None else tf.gather(found, mine)
 
     @staticmethod
     def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor) -> tf.Tensor:

@@ -15,7 +15,6 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.embedding.precision import compute_dtype, widen
 
@@ -29,7 +28,7 @@ class RowsByKey:
             rows = np.arange(self.capacity, dtype=np.int64)
             return rows * self.num_shards + self.local_shards[component], rows
         if self.lifecycle.evicts:
-            rows, keys, _ = self.state.live(component)
+            rows, keys, _ = self.state.local(component).live()
             return keys, rows
         index = self.index_variables(component)
         rows = np.arange(int(index.size.numpy()), dtype=np.int64)
@@ -47,17 +46,18 @@ class RowsByKey:
         parts = []
         for component, shard in enumerate(self.local_shards):
             keys, rows = self._keys_and_rows(component)
+            state = self.state.local(component)
             if since is not None:
-                keep = np.isin(rows, lifecycle.changed_since(self, since))
+                keep = np.isin(rows, state.changed_since(since, len(rows)))
                 keys, rows = keys[keep], rows[keep]
             values = self._gather([self.variable, *slots], component, rows)
             part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
                     "key_slots": self._key_slots(component, rows)}
             part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
             if self.lifecycle.track_changes:
-                part["marks"] = self.state.row_marks(rows, component)
+                part["marks"] = state.row_marks(rows)
             if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = self.state.row_counts(rows, component)
+                part["counts"] = state.row_counts(rows)
             parts.append(part)
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 

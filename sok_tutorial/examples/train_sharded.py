@@ -57,11 +57,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nnz", type=int, default=2)
     p.add_argument("--vocabulary", type=int, default=256, help="keys per slot")
     p.add_argument("--dim", type=int, default=8)
+    p.add_argument("--eviction-policy", default="", choices=["", "lru", "lfu", "ttl"],
+                   help="a table that forgets (sharding row or replicated): evicts within buckets when full")
+    p.add_argument("--capacity", type=int, default=0,
+                   help="rows of the whole table (0: one per key); row-wise, each replica holds capacity / N")
+    p.add_argument("--min-count", type=int, default=1, help="admit a key once seen this many times")
+    p.add_argument("--sketch-width", type=int, default=0, help="admission sketch counters per row (0: default)")
     p.add_argument("--case", action="append", help="settings for one run, e.g. 'sharding=table,combiner=mean'; "
                    "repeat to run several in one process (default: one run of the options above)")
     p.add_argument("--out", help="write <out>.<case>.rank<i>.npz (losses and this process's table rows)")
     p.add_argument("--save", help="save a checkpoint here after training (one process only)")
     p.add_argument("--restore", help="restore this checkpoint before training")
+    p.add_argument("--serve", help="(a table that forgets) export the tables here halfway, then publish the "
+                   "rest of the run as a delta applied to that export")
     p.add_argument("--die-at-step", type=int, default=-1, help="(fault test) worker --die-rank exits at this step")
     p.add_argument("--die-rank", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a stuck collective fails")
@@ -110,7 +118,8 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
 
     import sok_tutorial as sok
     from sok_tutorial.embedding import replica_bytes
-    from sok_tutorial.training import load_checkpoint, save_checkpoint
+    from sok_tutorial.training import apply_delta, export_delta, export_model_tables, load_checkpoint, save_checkpoint
+    from sok_tutorial.training.checkpoint import read_tables
 
     n = context.num_replicas
     keras.utils.set_random_seed(0)
@@ -120,10 +129,13 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
         per_replica = max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])
     else:  # the rows of a row group: a replica's row-wise, every row column-wise and replicated
         groups = n if args.sharding == "row" else sok.grid_shape(n, args.dim, **grid)[0] if grid and n > 1 else 1
-        per_replica = sok.rows_per_replica(total_rows, groups)
+        per_replica = sok.rows_per_replica(args.capacity or total_rows, groups)
+    life = {"eviction_policy": args.eviction_policy or None, "min_count": args.min_count,
+            "sketch_width": args.sketch_width or None, "ttl": 3 if args.eviction_policy == "ttl" else None}
     kwargs = {"use_hashtable": not args.static, "sharding": args.sharding, "exchange": args.exchange,
               "slot_sizes": [args.vocabulary] * args.slots if args.sharding == "table" else None,
-              "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3), **grid}
+              "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3), **grid,
+              **{k: v for k, v in life.items() if v not in (None, 1)}}
     with strategy.scope():
         if args.layer == "distributed":
             embedding = sok.DistributedEmbedding(args.combiner, per_replica, args.dim, slot_num=args.slots,
@@ -180,8 +192,17 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
                   f"({type(exc).__name__}: {str(exc).splitlines()[0]})", file=sys.stderr, flush=True)
             os._exit(3)  # collectives cannot be cancelled cleanly; leave without waiting on them
         times.append(time.perf_counter() - start)
+        if args.serve and step == args.steps // 2 - 1:
+            export_model_tables(model, os.path.join(args.serve, "serving"), overwrite=True)
+    served = {}
+    if args.serve:  # the second half as a delta over the halfway export: what a server would hold now
+        serving = os.path.join(args.serve, "serving")
+        apply_delta(serving, export_delta(model, os.path.join(args.serve, "delta"), since=serving, overwrite=True))
+        served = {f"served_{name}": value for name, value in read_tables(serving)[0].items()
+                  if name in ("keys", "vectors")}
     result = {"losses": np.array(losses), "step_s": np.array(times), "replicas": n,
-              "bytes_per_replica": replica_bytes([embedding], sparse), **embedding.table.export(sparse)}
+              "bytes_per_replica": replica_bytes([embedding], sparse), "evicted": embedding.table.evictions,
+              "unplaced": embedding.table.unplaced, **served, **embedding.table.export(sparse)}
     print(f"rank {rank} {tag}: {n} replicas, sharding={args.sharding}, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
           f"table bytes per replica {result['bytes_per_replica']:,}", flush=True)
     if args.save:

@@ -35,6 +35,10 @@ COLUMN = ["sharding=column,optimizer=adam,dim=6",  # slices 3 + 3 on 2 replicas,
           "sharding=column,optimizer=lazyadam,exchange=all_reduce"]
 GRID = ["sharding=row_column,optimizer=lazyadam,dim=5",  # 2 x 2 on 4 replicas: slices 3 + 2
         "sharding=row_column,static=1,optimizer=sgd,exchange=all_reduce"]
+FORGET = ["sharding=row,eviction_policy=lru,capacity=512,optimizer=lazyadam",
+          "sharding=row,eviction_policy=lfu,capacity=128,min_count=2,sketch_width=65536,combiner=mean",
+          "sharding=replicated,eviction_policy=lru,capacity=512,optimizer=lazyadam",
+          "sharding=replicated,eviction_policy=ttl,capacity=128,min_count=2,sketch_width=65536"]
 # Each layout on 2 and on 4 replicas, each option once in the fast tier; the rest of the matrix is slow.
 FAST = {2: [CASES[0], CASES[2], CASES[4], CASES[5], COLUMN[1]], 4: [CASES[1], CASES[3], COLUMN[0], COLUMN[2], *GRID]}
 IN_PROCESS = [pytest.param(n, c, marks=() if c in FAST[n] else pytest.mark.slow)
@@ -46,14 +50,14 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 _RUNS: dict[tuple[int, str, str], dict] = {}
 
 
-def _train(strategy_of, n: int, case: str, restore: str = "", save: str = "") -> dict:
+def _train(strategy_of, n: int, case: str, restore: str = "", save: str = "", serve: str = "") -> dict:
     """The example's `train` of `case` on `n` in-process replicas (memoised by n, case, restore)."""
     import sok_tutorial as sok
     from sok_tutorial.examples.train_sharded import train
 
-    if (n, case, restore) not in _RUNS or save:
+    if (n, case, restore) not in _RUNS or save or serve:
         args = case_settings(parse(["--steps", str(STEPS)]), case)
-        args.restore, args.save = restore or None, save or None
+        args.restore, args.save, args.serve = restore or None, save or None, serve or None
         strategy = strategy_of(n)
         context = sok.Init(global_batch_size=args.global_batch_size, strategy=strategy)
         _RUNS[n, case, restore] = train(args, strategy, context, rank=0, tag=case_tag(case))
@@ -79,6 +83,19 @@ def test_n_replicas_train_like_one(strategy_of, n: int, case: str) -> None:
     _assert_same(_by_key(_train(strategy_of, n, case)), _by_key(_train(strategy_of, 1, case)))
 
 
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("case", FORGET)
+def test_tables_that_forget_train_like_one_device(strategy_of, n: int, case: str) -> None:
+    """Eviction, admission and change tracking on a row-sharded or replicated table: the same keys
+    kept, evicted and admitted, the same rows and marks as one device."""
+    run, one = _train(strategy_of, n, case), _train(strategy_of, 1, case)
+    _assert_same(_by_key(run), _by_key(one))
+    order_n, order_1 = np.argsort(run["keys"]), np.argsort(one["keys"])
+    np.testing.assert_array_equal(run["marks"][order_n], one["marks"][order_1])
+    assert len(one["keys"]) < 4 * 256 and one["evicted"] > 0  # the table forgot keys
+    assert run["evicted"] == one["evicted"] and run["unplaced"] == one["unplaced"]
+
+
 def test_shards_split_memory(strategy_of) -> None:
     sizes = {n: int(_train(strategy_of, n, CASES[0])["bytes_per_replica"]) for n in (1, 2, 4)}
     for n in (2, 4):  # each replica holds 1/n of the rows and key index, plus its own 8-byte row count
@@ -93,6 +110,29 @@ def test_checkpoint_restores_onto_another_replica_count(strategy_of, tmp_path: P
     _assert_same(resumed[4], resumed[1])
     fresh = _by_key(_train(strategy_of, 1, case))[0]  # the same batches from scratch
     assert resumed[1][0][0] != pytest.approx(fresh[0], abs=1e-4)  # the restore really loaded trained state
+
+
+@pytest.mark.parametrize("case", [FORGET[0], FORGET[2]])
+def test_deltas_of_a_table_that_forgets_serve_what_one_device_trained(strategy_of, tmp_path: Path, case: str) -> None:
+    """Exported halfway, then the rest published as a delta: the served table of 4 replicas (row-wise
+    or replicated) holds exactly the keys and vectors one device's table ends with."""
+    run = _train(strategy_of, 4, case, serve=str(tmp_path / "four"))
+    one = _train(strategy_of, 1, case)
+    served, trained = _by_key({"losses": run["losses"], "keys": run["served_keys"],
+                               "vectors": run["served_vectors"]}), _by_key(one)
+    _assert_same(served, trained)
+
+
+def test_a_table_that_forgets_restores_onto_another_replica_count(strategy_of, tmp_path: Path) -> None:
+    """An LRU table row-sharded over 2 replicas, saved and restored on 1 and on 4: each key in its
+    bucket with its mark and optimizer state, so training continues identically."""
+    case = FORGET[0]
+    _train(strategy_of, 2, case, save=str(tmp_path / "ckpt"))
+    resumed = {n: _train(strategy_of, n, case, restore=str(tmp_path / "ckpt")) for n in (1, 4)}
+    _assert_same(_by_key(resumed[4]), _by_key(resumed[1]))
+    order_4, order_1 = np.argsort(resumed[4]["keys"]), np.argsort(resumed[1]["keys"])
+    np.testing.assert_array_equal(resumed[4]["marks"][order_4], resumed[1]["marks"][order_1])
+    assert resumed[1]["evicted"] > 0 and resumed[4]["evicted"] == resumed[1]["evicted"]
 
 
 def _load_ranks(prefix: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

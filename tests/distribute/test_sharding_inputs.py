@@ -71,6 +71,15 @@ def test_bad_sharding_inputs(strategy_of):
         sok.Init(global_batch_size=10, strategy=strategy_of(4))
 
 
+@pytest.mark.parametrize("sharding", ["table", "column", "row_column"])
+def test_layouts_that_cannot_forget_yet_say_so(strategy_of, sharding):
+    with strategy_of(2).scope():
+        layer = sok.DistributedEmbedding("sum", 64, 4, slot_num=1, max_nnz=1, sharding=sharding,
+                                         eviction_policy="lru")
+        with pytest.raises(ValueError, match=f"not available with sharding='{sharding}' yet; use sharding='row'"):
+            layer.build()
+
+
 def test_restore_refuses_a_mismatched_sharding(strategy_of, tmp_path):
     strategy = strategy_of(2)
 
