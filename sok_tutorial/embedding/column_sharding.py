@@ -37,8 +37,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
+from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, local_components
 from sok_tutorial.embedding.placement import column_slices
 from sok_tutorial.embedding.precision import compute_dtype
@@ -94,6 +94,8 @@ class ColumnShardedTable(ShardedTable):
             s, w = self.starts[r % columns], self.widths[r % columns]
             self._take[r, :w] = np.arange(s, s + w)
             self._place[r, s:s + w] = np.arange(w)
+        if self.lifecycle.active:  # one state per row group, the same on each of its C replicas
+            self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=groups)
         dim, self.dim = self.dim, self.width  # the variable holds one slice
         try:
             EmbeddingTable.build(self, input_shape)
@@ -145,20 +147,26 @@ class ColumnShardedTable(ShardedTable):
         return blocks
 
     # ------------------------------------------------------------------ lookups
-    def rows(self, keys: tf.Tensor, insert: bool, component: int | None = None, share: Any = None,
-             counts: tf.Tensor | None = None, admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None]:
-        if not (self.indexed and insert):
-            return super().rows(keys, insert, component)
-        rows, new_keys, new_rows = key_index.lookup_or_insert(self.index_variables(component), keys, self.capacity,
-                                                              self.name)
-        variable = self.variable.value if component is None else local_components(self.variable)[component]
-        values = self._columns_tf(keyed_initial_values_tf(new_keys, self.dim, self.init), self._shard(component))
-        variable.scatter_update(tf.IndexedSlices(values, new_rows))
-        return rows, None
+    def group_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """The row group holding each key: ``key mod R``, or with an eviction policy the row group
+        of the key's bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`)."""
+        return self.buckets.owner_of(keys) if self.lifecycle.evicts else tf.math.floormod(keys, self.grid[0])
+
+    def group_of_np(self, keys: np.ndarray) -> np.ndarray:
+        """NumPy twin of `group_of`."""
+        return self.buckets.owner_of_np(keys) if self.lifecycle.evicts else np.mod(keys, self.grid[0])
+
+    def _initial_vectors(self, keys: tf.Tensor, component: int | None) -> tf.Tensor:
+        return self._columns_tf(keyed_initial_values_tf(keys, self.dim, self.init), self._shard(component))
 
     def _owned_rows(self, keys: tf.Tensor, slots: Any, insert: bool, component: int | None = None,
                     counts: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
-        return self.rows(keys, insert, component) if self.indexed else (tf.math.floordiv(keys, self.grid[0]), None)
+        if self.indexed:
+            return self.rows(keys, insert, component, counts=counts)
+        rows = tf.math.floordiv(keys, self.grid[0])
+        if insert and self.lifecycle.track_changes:
+            return self.rows(rows, insert, component)  # (row ids: checked and marked)
+        return rows, None
 
     def _replica_lookup(self, context: Any, keys: tf.Tensor, slots: Any, insert: bool) -> tf.Tensor:
         if int(context.num_replicas_in_sync) != self.num_shards:
@@ -193,7 +201,7 @@ class ColumnShardedTable(ShardedTable):
             raise RuntimeError(f"{self.name}: this process holds {len(self.local_shards)} of {self.num_shards} "
                                "column slices; call the layer inside strategy.run")
         groups, columns = self.grid
-        owner = tf.math.floormod(keys, groups)
+        owner = self.group_of(keys)
         out = tf.zeros([tf.size(keys), self.dim], compute_dtype(self.variable.dtype))
         for group in range(groups):  # components are replicas here: this process holds them all
             where = tf.where(tf.equal(owner, group))
@@ -203,10 +211,16 @@ class ColumnShardedTable(ShardedTable):
         return out
 
     # ------------------------------------------------------------------ export/restore
+    def shard_states(self) -> list[Any]:
+        columns = self.grid[1]  # the C replicas of a row group hold the same keys: the first speaks for them
+        return [self.state.local(c) for c, shard in enumerate(self.local_shards) if shard % columns == 0]
+
     @property
     def size(self) -> int:
         if not self.indexed:
             return self.total_rows
+        if self.lifecycle.evicts:
+            return sum(len(state.live()[0]) for state in self.shard_states())
         groups, columns = self.grid  # the C replicas of a row group hold the same keys
         return sum(int(local_components(self._size)[group * columns].numpy()) for group in range(groups))
 
@@ -226,21 +240,28 @@ class ColumnShardedTable(ShardedTable):
         if len(self.local_shards) != self.num_shards:
             raise NotImplementedError(f"{self.name}: this process holds {len(self.local_shards)} of "
                                       f"{self.num_shards} column slices; export needs all of them")
-        if since is not None:
-            raise ValueError(f"{self.name}: a sharded table does not track changes (since={since})")
         slots = self.optimizer_slots(optimizer)
         blocks = [1] + [self._slot_blocks(s, optimizer) for s in slots]
         groups, columns = self.grid
-        parts = []
+        parts, marks, counts = [], [], []
         for group in range(groups):  # replicas group * C + j, j < C: the slices of the group's rows
             keys, rows = self._keys_and_rows(group * columns)
+            state = self.state.local(group * columns)
+            if since is not None:
+                keep = np.isin(rows, state.changed_since(since, len(rows)))
+                keys, rows = keys[keep], rows[keep]
             replicas = [[tf.gather(c, rows).numpy() for c in local_components(v)[group * columns:][:columns]]
                         for v in (self.variable, *slots)]
             parts.append([keys, *(self._join(p, b) for p, b in zip(replicas, blocks))])
+            if self.lifecycle.track_changes:
+                marks.append(state.row_marks(rows))
+            if self.lifecycle.eviction_policy == "lfu":
+                counts.append(state.row_counts(rows))
         keys, *values = (np.concatenate(arrays) for arrays in zip(*parts))
         out = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), -1, np.int64),
                "key_slots": np.full(len(keys), -1, np.int64)}
         out.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
+        out.update({name: np.concatenate(v) for name, v in (("marks", marks), ("counts", counts)) if v})
         return out
 
     def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
@@ -264,10 +285,10 @@ class ColumnShardedTable(ShardedTable):
         if not self.indexed and len(keys) and (keys.min() < 0 or keys.max() >= self.total_rows):
             raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
                              f"[0, {self.total_rows})")
-        owner = np.mod(keys, groups)
+        owner = self.group_of_np(keys)
         owned = {shard: np.flatnonzero(owner == shard // columns) for shard in self.local_shards}
-        for shard, part in owned.items():
-            if self.indexed and len(part) > self.capacity:
+        for shard, part in owned.items():  # (a row group that evicts takes any number)
+            if self.indexed and not self.lifecycle.evicts and len(part) > self.capacity:
                 group = "" if groups == 1 else f" of row group {shard // columns}"
                 raise ValueError(f"{self.name}: {len(part):,} keys{group} do not fit max_vocabulary_size_per_gpu="
                                  f"{self.capacity:,} rows")
@@ -279,8 +300,9 @@ class ColumnShardedTable(ShardedTable):
         replicas of a row group build the same key index."""
         keys, values, variables, _, owned = self._placement(arrays, optimizer)
         blocks = [1] + [self._slot_blocks(v, optimizer) for v in variables[1:]]
+        clock = self._restored_clock(arrays)
         for component, shard in enumerate(self.local_shards):
             part = owned[shard]
             part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
-            self._assign(component, keys[part], [self._slice(v[part], shard, b) for v, b in zip(values, blocks)],
-                         variables)
+            self._restore_shard(component, keys[part], [self._slice(v[part], shard, b) for v, b in zip(values, blocks)],
+                                variables, arrays, part, clock)

@@ -92,7 +92,7 @@ class GridShardedTable(ColumnShardedTable):
         total = tf.reduce_sum(counts)
         ours = tf.reduce_sum(counts[:me]) + tf.range(counts[me])  # this replica's keys in the global batch
         every = all_gather(context, keys, counts)  # (N*K,)
-        owner = tf.math.floormod(every, groups)  # row group of every key
+        owner = self.group_of(every)  # row group of every key
         mine = tf.where(tf.equal(owner, tf.cast(me // columns, tf.int64)))[:, 0]  # (M,) our row group's keys
         part = self._owned_vectors(tf.gather(every, mine), None, insert)  # (M, width)
         if self.exchange == "all_gather":

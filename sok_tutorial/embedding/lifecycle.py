@@ -210,7 +210,7 @@ def evicted_since(table: Any, since: int) -> np.ndarray:
     """Keys of `table` evicted after clock `since`, oldest first, then (``"ttl"``) the keys expired
     since then (`sok_tutorial.embedding.lifecycle_state.LifecycleState.evicted_since`); a table
     sharded row-wise over this process's replicas: shard by shard."""
-    return np.concatenate([table.state.local(c).evicted_since(since) for c in range(len(table.local_shards))])
+    return np.concatenate([state.evicted_since(since) for state in table.shard_states()])
 
 
 def saved_state(table: Any) -> dict[str, np.ndarray]:

@@ -36,8 +36,10 @@ its mirrored variables per replica), and with an eviction policy a key belongs t
 its bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`) rather than ``k mod N``.
 Every shard sees the keys it owns in the global batch's order and ticks its clock once a step, so
 N shards of ``capacity`` rows keep, evict and admit exactly the keys one table of ``N *
-capacity`` rows would. Export, deltas and checkpoints speak the one-device layout (keys with
-their marks and counts), and a restore puts each key in its shard's bucket.
+capacity`` rows would. Column-wise and grid tables do the same per row group (the C replicas of
+a group place the same keys, so their states stay equal). Export, deltas and checkpoints speak
+the one-device layout (keys with their marks and counts), and a restore puts each key in its
+shard's bucket. Table-wise tables do not forget yet: a slot's keys would need buckets of their own.
 
 Bytes received per replica and step, K keys per replica of dim d (float32, int64 keys), ring
 collectives::
@@ -114,9 +116,9 @@ class ShardedTable(EmbeddingTable):
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
         self.sharding = checks.one_of("sharding", sharding, self.SHARDINGS)
-        if self.lifecycle.active and self.sharding != "row":
+        if self.lifecycle.active and self.sharding == "table":
             raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available with "
-                             f"sharding={sharding!r} yet; use sharding='row' or 'replicated'")
+                             f"sharding={sharding!r} yet; use sharding='row', 'column', 'row_column' or 'replicated'")
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -312,24 +314,34 @@ class ShardedTable(EmbeddingTable):
         """Load rows by key saved from any number of shards: each local shard takes the keys it owns
         now (a table-wise table needs each key's slot: ``key_slots``, as `export` writes it)."""
         keys, values, variables, key_slots, owned = self._placement(arrays, optimizer)
-        marks = arrays.get("marks")
-        clock = int(np.max(marks)) if self.lifecycle.track_changes and marks is not None and len(marks) else 0
+        clock = self._restored_clock(arrays)
         for component, shard in enumerate(self.local_shards):
             part = owned[shard]
             part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
-            if self.lifecycle.active:
-                per_key = {name: None if arrays.get(name) is None else np.asarray(arrays[name])[part]
-                           for name in ("marks", "counts")}
-                slots = self.state.local(component).reset(keys[part], per_key["marks"], per_key["counts"], clock)
-                if slots is not None:  # a bucketed shard: each key at its slot
-                    kept = slots >= 0
-                    self._write_rows(component, slots[kept], [v[part][kept] for v in values], variables)
-                    continue
-            self._assign(component, keys[part], [v[part] for v in values], variables)
+            self._restore_shard(component, keys[part], [v[part] for v in values], variables, arrays, part, clock)
             if self.sharding == "table":
                 full = np.full(self.capacity, -1, np.int64)
                 full[:len(part)] = key_slots[part]
                 local_components(self._row_slots)[component].assign(full)
+
+    def _restored_clock(self, arrays: dict[str, Any]) -> int:
+        """The clock every shard restores to (at least): the latest mark of all the rows."""
+        marks = arrays.get("marks")
+        return int(np.max(marks)) if self.lifecycle.track_changes and marks is not None and len(marks) else 0
+
+    def _restore_shard(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any],
+                       arrays: dict[str, Any], part: np.ndarray, clock: int) -> None:
+        """Write one local shard's `keys` (positions `part` of the checkpoint's) and their rows: into
+        its buckets with their marks and counts (a policy), else rows ``0 .. n-1``."""
+        if self.lifecycle.active:
+            per_key = {name: None if arrays.get(name) is None else np.asarray(arrays[name])[part]
+                       for name in ("marks", "counts")}
+            slots = self.state.local(component).reset(keys, per_key["marks"], per_key["counts"], clock)
+            if slots is not None:  # a bucketed shard: each key at its slot
+                kept = slots >= 0
+                self._write_rows(component, slots[kept], [v[kept] for v in values], variables)
+                return
+        self._assign(component, keys, values, variables)
 
     def save_own_variables(self, store: Any) -> None:
         raise NotImplementedError(f"{self.name}: save a sharded table with sok_tutorial.training.save_checkpoint "

@@ -185,25 +185,30 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         """The bucketed key index of a table with an eviction policy (None without one)."""
         return self.state.buckets
 
+    def shard_states(self) -> list[LifecycleState]:
+        """The lifecycle state of each distinct shard in this process (replicas that hold the same keys,
+        as the column slices of one row group do, share one)."""
+        return [self.state.local(c) for c in range(len(self.local_shards))]
+
     @property
     def size(self) -> int:
         """Keys with a row (this process's shards): the rows in use."""
         if not self.indexed:
             return self.capacity * len(self.local_shards)
         if self.lifecycle.evicts:
-            return sum(len(self.state.local(c).live()[0]) for c in range(len(self.local_shards)))
+            return sum(len(state.live()[0]) for state in self.shard_states())
         return sum(int(local_components(self._size)[i].numpy()) for i in range(len(self.local_shards)))
 
     @property
     def evictions(self) -> int:
         """Keys evicted so far (0 for a table without an eviction policy)."""
-        return sum(self.state.local(c).evictions() for c in range(len(self.local_shards))) if self.built else 0
+        return sum(state.evictions() for state in self.shard_states()) if self.built else 0
 
     @property
     def unplaced(self) -> int:
         """New keys that found every row of their bucket in use by their own step, so got no row
         that step (0 for a table without an eviction policy)."""
-        return sum(self.state.local(c).unplaced_keys() for c in range(len(self.local_shards))) if self.built else 0
+        return sum(state.unplaced_keys() for state in self.shard_states()) if self.built else 0
 
     @property
     def index_bytes_per_row(self) -> int:
@@ -296,9 +301,14 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             index = self.index_variables(component)
             rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
-        initial = tf.cast(keyed_initial_values_tf(new_keys, self.dim, self.init), variable.dtype)  # to nearest
+        initial = tf.cast(self._initial_vectors(new_keys, component), variable.dtype)  # to nearest
         variable.scatter_update(tf.IndexedSlices(initial, new_rows))
         return rows, found
+
+    def _initial_vectors(self, keys: tf.Tensor, component: int | None) -> tf.Tensor:
+        """What the rows of new `keys` start from in this replica's variable (a column-sharded
+        table: its columns of the key-seeded vectors)."""
+        return keyed_initial_values_tf(keys, self.dim, self.init)
 
     def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
         """Vectors of `keys` (any shape): ``keys.shape + [dim]``, float32. New keys get rows in training

@@ -62,6 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--capacity", type=int, default=0,
                    help="rows of the whole table (0: one per key); row-wise, each replica holds capacity / N")
     p.add_argument("--min-count", type=int, default=1, help="admit a key once seen this many times")
+    p.add_argument("--track-changes", action="store_true", help="mark rows as they change (delta exports)")
     p.add_argument("--sketch-width", type=int, default=0, help="admission sketch counters per row (0: default)")
     p.add_argument("--case", action="append", help="settings for one run, e.g. 'sharding=table,combiner=mean'; "
                    "repeat to run several in one process (default: one run of the options above)")
@@ -130,12 +131,13 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     else:  # the rows of a row group: a replica's row-wise, every row column-wise and replicated
         groups = n if args.sharding == "row" else sok.grid_shape(n, args.dim, **grid)[0] if grid and n > 1 else 1
         per_replica = sok.rows_per_replica(args.capacity or total_rows, groups)
-    life = {"eviction_policy": args.eviction_policy or None, "min_count": args.min_count,
-            "sketch_width": args.sketch_width or None, "ttl": 3 if args.eviction_policy == "ttl" else None}
+    life = {"eviction_policy": args.eviction_policy or None, "ttl": 3 if args.eviction_policy == "ttl" else None,
+            "min_count": args.min_count if args.min_count > 1 else None, "sketch_width": args.sketch_width or None,
+            "track_changes": args.track_changes or None}
     kwargs = {"use_hashtable": not args.static, "sharding": args.sharding, "exchange": args.exchange,
               "slot_sizes": [args.vocabulary] * args.slots if args.sharding == "table" else None,
               "embedding_initializer": keras.initializers.RandomUniform(-0.1, 0.1, seed=3), **grid,
-              **{k: v for k, v in life.items() if v not in (None, 1)}}
+              **{k: v for k, v in life.items() if v is not None}}
     with strategy.scope():
         if args.layer == "distributed":
             embedding = sok.DistributedEmbedding(args.combiner, per_replica, args.dim, slot_num=args.slots,

@@ -99,10 +99,6 @@ def test_bad_column_sharding_inputs(strategy_of):
     with pytest.raises(ValueError, match="'column'"):
         sok.DistributedEmbedding("sum", 10, 2, slot_num=1, max_nnz=1, sharding="columns")
     with strategy_of(2).scope():
-        evicting = sok.DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, sharding="column",
-                                            eviction_policy="lru", name="evicting")
-        with pytest.raises(ValueError, match="evicting: eviction_policy, admission and track_changes are not"):
-            evicting.build()
         rowwise = sok.DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, sharding="column", name="rw")
         rowwise.build()
         opt = sok.optimizers.RowWiseAdagrad(0.1)
