@@ -36,7 +36,7 @@ def replica_devices(num_replicas: int) -> list[str]:
         return [f"/GPU:{i}" for i in range(num_replicas)]
     cpu = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(cpu) or []  # does not start TensorFlow
-    if len(configured) < num_replicas:
+    if len(configured) < num_replicas and num_replicas > 1:  # (one replica: the CPU as it is)
         try:
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_replicas)
         except RuntimeError as exc:

@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from sok_tutorial.embedding import precision
-from sok_tutorial.embedding.ops import UniqueRowsGradient, sum_by_position
+from sok_tutorial.embedding.ops import UniqueRowsGradient, read_rows, sum_by_position
 from sok_tutorial.embedding.table import table_of
 
 
@@ -55,7 +55,7 @@ def _tf(variable: Any) -> Any:
 
 def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
     """Rows of a variable or slot (a resource gather: reads only these rows), float16 and bfloat16 in float32."""
-    return precision.widen(tf.gather(_tf(slot), rows))
+    return precision.widen(read_rows(slot, rows))
 
 
 def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import local_components
+from sok_tutorial.embedding.ops import local_components, read_rows
 
 _MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
@@ -185,16 +185,16 @@ class BucketedIndex:
         """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired,
         mark of the row (None under ``"lru"``))."""
         bucket = self.bucket(keys)
-        held_keys = tf.gather(_tf(self.keys), bucket)  # (n, W): one row per key
+        held_keys = read_rows(self.keys, bucket)  # (n, W): one row per key
         match = tf.equal(held_keys, keys[:, None])
         if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
-            match &= tf.gather(_tf(self.marks), tf.range(self.width, dtype=tf.int64))[None] >= 0
+            match &= read_rows(self.marks, tf.range(self.width, dtype=tf.int64))[None] >= 0
         position = _position(match)
         held = position >= 0
         row = bucket * self.width + tf.maximum(position, 0)
         if self.policy == "lru":  # (the mark of a hit matters to expiry and to LFU's decay only)
             return bucket, held_keys, row, held, held, None
-        mark = tf.cast(tf.gather(_tf(self.marks), row), tf.int64)
+        mark = tf.cast(read_rows(self.marks, row), tf.int64)
         live = held if self.ttl is None else held & (now - mark <= self.ttl)
         return bucket, held_keys, row, held, live, mark
 
@@ -223,7 +223,7 @@ class BucketedIndex:
         hits = tf.gather(row, hit)  # expired "ttl" keys too: they take their own row back
         touched = [_tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
         if self.policy == "lfu":
-            old = tf.gather(_tf(self.counts), hits)
+            old = read_rows(self.counts, hits)
             total = tf.cast(self._decayed(old, tf.gather(mark, hit), now), tf.int64) + tf.gather(counts, hit)
             touched.append(_tf(self.counts).scatter_update(tf.IndexedSlices(
                 tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
@@ -233,9 +233,9 @@ class BucketedIndex:
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
         spans = tf.cast(new_bucket, tf.int32)[:, None] * width + tf.range(width)  # (m, W): the rows of each bucket
         with tf.control_dependencies(touched):  # this step's hits are taken
-            marks = tf.gather(_tf(self.marks), spans)
+            marks = read_rows(self.marks, spans)
             if self.policy == "lfu":
-                decayed = tf.cast(self._decayed(tf.gather(_tf(self.counts), spans), marks, now), tf.int64)
+                decayed = tf.cast(self._decayed(read_rows(self.counts, spans), marks, now), tf.int64)
                 score, top = tf.where(marks >= 0, decayed * (1 << 32) + tf.cast(marks, tf.int64), _EMPTY), _INT64_MAX
             else:
                 score, top = marks, self.mark_dtype.max

@@ -70,6 +70,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from sok_tutorial.embedding.ops import read_rows
+
 _MIX = tf.constant(0x9E3779B97F4A7C15, tf.uint64)
 _EMPTY = -1
 
@@ -120,8 +122,8 @@ def home_slots(keys: tf.Tensor, bits: int) -> tf.Tensor:
 
 def _probe(index: IndexVariables, keys: tf.Tensor, slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """(row in each slot, whether it holds the key)."""
-    rows = tf.gather(index.slot_rows, slots)
-    hit = (rows >= 0) & tf.equal(tf.gather(index.row_keys, tf.maximum(rows, 0)), keys)
+    rows = read_rows(index.slot_rows, slots)
+    hit = (rows >= 0) & tf.equal(read_rows(index.row_keys, tf.maximum(rows, 0)), keys)
     return rows, hit
 
 
@@ -164,11 +166,11 @@ def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Te
     def claim(rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
         """Claim slots `at` (empty) for `rows`; the rows that lost their slot to another."""
         with tf.control_dependencies([index.slot_rows.scatter_update(tf.IndexedSlices(rows, at))]):
-            return tf.not_equal(tf.gather(index.slot_rows, at), rows)
+            return tf.not_equal(read_rows(index.slot_rows, at), rows)
 
     def body(rows: tf.Tensor, at: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         at = (at + 1) & mask
-        free = tf.gather(index.slot_rows, at) < 0
+        free = read_rows(index.slot_rows, at) < 0
         lost = claim(tf.boolean_mask(rows, free), tf.boolean_mask(at, free))
         again = tf.tensor_scatter_nd_update(~free, tf.where(free), lost)  # occupied, or lost the claim
         return tf.boolean_mask(rows, again), tf.boolean_mask(at, again)

@@ -16,6 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
+from sok_tutorial.embedding.ops import read_rows
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
@@ -81,7 +82,7 @@ class LifecycleOps:
         if self.row_fresh is None:
             return None
         fresh = _v(self.row_fresh)
-        marked = tf.gather(fresh, rows)
+        marked = read_rows(fresh, rows)
         with tf.control_dependencies([marked]):
             cleared = fresh.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
         with tf.control_dependencies([cleared]):
@@ -100,7 +101,7 @@ class LifecycleOps:
             sketch = _v(self.sketch)
             counted = sketch.scatter_add(tf.IndexedSlices(tf.reshape(add, [-1]), tf.reshape(cells, [-1])))
             with tf.control_dependencies([counted]):
-                seen = tf.reduce_min(tf.gather(sketch, cells), axis=0)
+                seen = tf.reduce_min(read_rows(sketch, cells), axis=0)
             added = _v(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             with tf.control_dependencies([seen]):
                 halve = added >= SKETCH_SAMPLE * self.capacity
@@ -126,7 +127,7 @@ class LifecycleOps:
         keys, n_kept = keys[-size:], tf.minimum(n, size)
         at = (total + n - n_kept + tf.range(n_kept)) % size
         overwritten = tf.maximum(total + n - size, 0)  # entries [0, overwritten) are gone afterwards
-        newest_lost = tf.where(n > size, now, tf.gather(_v(self.log_marks), (overwritten - 1) % size))
+        newest_lost = tf.where(n > size, now, read_rows(self.log_marks, (overwritten - 1) % size))
         floor = _v(self.log_floor)
         lost = tf.where(overwritten > 0, tf.maximum(newest_lost, floor), floor)
         with tf.control_dependencies([lost]):

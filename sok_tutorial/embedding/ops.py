@@ -89,23 +89,48 @@ def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
     return gather(vectors)
 
 
+def _local(variable: Any) -> Any:
+    """The TensorFlow variable behind a Keras one; in a replica, a distributed variable's copy on
+    that replica (one of this process's copies, ``values``)."""
+    value = getattr(variable, "value", variable)
+    variable = variable if callable(value) else value
+    copies = getattr(variable, "values", None)
+    context = tf.distribute.get_replica_context()
+    if not copies or context is None:
+        return variable
+    if len(copies) == 1:
+        return copies[0]
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    return variable if replica is None else copies[int(replica) % len(copies)]
+
+
+def read_rows(variable: Any, indices: tf.Tensor) -> tf.Tensor:
+    """``variable[indices]``, read as rows (one ``ResourceGather``), never the whole variable.
+
+    ``tf.gather`` of a distributed variable inside a replica reads all of it first, and TensorFlow
+    copies a variable that has been scattered into on every such read: a pass over the whole table
+    each step. This gathers from the replica's own copy instead (and, as any read, lets a gradient
+    tape watch it)."""
+    return tf.gather(_local(variable), indices)
+
+
 def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
     """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`. Rows stored in
     float16 or bfloat16 come out in float32, and their gradient is float32.
 
-    The rows are read by an ordinary gather (which makes gradient tapes watch the variable) whose
-    own gradient is stopped; an identity that takes the variable's handle as an input gives the
+    The rows are read by an ordinary gather (`read_rows`, which makes gradient tapes watch the
+    variable) whose own gradient is stopped; an identity that takes the variable's handle as an input gives the
     handle, and so the variable, the gradient instead. A ``tf.custom_gradient`` that read the
     variable itself would make TensorFlow read the whole table in graph mode, every step. Outside
     a gradient tape, and for a distributed variable outside its replicas (which has no handle),
     it is the plain gather.
     """
     if not _recording():
-        return widen(tf.gather(variable, rows))
+        return widen(read_rows(variable, rows))
     try:
         handle = variable.handle
     except ValueError:
-        return widen(tf.gather(variable, rows))
+        return widen(read_rows(variable, rows))
 
     @tf.custom_gradient
     def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
@@ -113,4 +138,4 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
             shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
             return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
         return tf.identity(values), grad
-    return attach(handle, widen(tf.stop_gradient(tf.gather(variable, rows))))
+    return attach(handle, widen(tf.stop_gradient(read_rows(variable, rows))))
