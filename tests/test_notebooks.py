@@ -158,6 +158,11 @@ def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["index_bytes_per_row"]["lru"] == 12 and m["index_bytes_per_row"]["lfu_admission"] == 16
     # a tiny table (~200 buckets of 8) loses more to bucket-local eviction than a large one (~1 point)
     assert 0.3 < m["hit_rate_exact"] < 1 and abs(m["hit_rate_bucketed"] - m["hit_rate_exact"]) < 0.03
+    for run, count in ((m["sharded"], "replicas"), (m["workers"], "processes")):  # step 8: sharded as one device
+        if run[count] > 1:
+            assert len(run["auc"]) == p["DAYS"] - 1 and run["served_max_abs_diff"] < 1e-6
+            assert np.max(np.abs(np.subtract(run["auc"], m["next_day_auc"]["lru"]))) < 0.001
+    assert m["sharded"]["replicas"] == p["NUM_REPLICAS"] and m["workers"]["processes"] == p["WORKER_PROCESSES"]
 
 
 def margins_08(m: dict[str, Any], p: dict[str, Any]) -> None:
@@ -228,7 +233,7 @@ SMOKE: dict[str, tuple[dict[str, Any], Check]] = {
     ),
     "08-online-training-tables-that-forget": (
         {"DAYS": 3, "ROWS_PER_DAY": 4000, "POPULATION": 1500, "ITEM_DRIFT": 400, "USER_DRIFT": 150,
-         "PROGRESS": False},
+         "NUM_REPLICAS": 2, "WORKER_PROCESSES": 0, "PROGRESS": False},
         check_08,
     ),
     "09-fitting-tables-in-memory": (
@@ -260,7 +265,8 @@ LARGER: dict[str, tuple[dict[str, Any], Check]] = {
         margins_06,
     ),
     "08-online-training-tables-that-forget": (
-        {"DAYS": 4, "ROWS_PER_DAY": 8000, "POPULATION": 3000, "ITEM_DRIFT": 750, "USER_DRIFT": 250, "PROGRESS": False},
+        {"DAYS": 4, "ROWS_PER_DAY": 8000, "POPULATION": 3000, "ITEM_DRIFT": 750, "USER_DRIFT": 250,
+         "NUM_REPLICAS": 2, "WORKER_PROCESSES": 2, "PROGRESS": False},
         margins_08,
     ),
     "09-fitting-tables-in-memory": (
@@ -311,7 +317,7 @@ def test_notebook_smoke(name, tmp_path):
 
 @pytest.mark.notebooks
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.multiprocess) if n.startswith("06-") else n
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.multiprocess) if n[:3] in ("06-", "08-") else n
                                   for n in sorted(LARGER)])
 def test_notebook_at_a_larger_size(name, tmp_path):
     params, metrics = run_notebook(name, tmp_path, **LARGER[name][0])

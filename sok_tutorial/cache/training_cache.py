@@ -79,13 +79,13 @@ from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.table import tables_of
 from sok_tutorial.training.checkpoint import (
-    _dense_variables,
-    _relative,
     checkpoints,
+    dense_variables,
     latest_checkpoint,
     load_checkpoint,
     prune_checkpoints,
     read_tables,
+    relative_path,
     save_checkpoint,
     step_dir,
 )
@@ -354,7 +354,7 @@ class EmbeddingTrainingCache:
         if path is not None:
             parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
                      for keys, vectors in out.values()]
-            dense = {_relative(self.model, v.path): v.numpy() for v in _dense_variables(self.model, self.tables)}
+            dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
             write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
         self._mark += 1
         return out

@@ -41,24 +41,24 @@ FORMAT = 1
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
-def _dense_variables(model: Any, tables: list[EmbeddingTable]) -> list[Any]:
+def dense_variables(model: Any, tables: list[EmbeddingTable]) -> list[Any]:
     """The model's variables that no table owns (a table's rows and key index go in tables/)."""
     owned = {id(v) for table in tables for v in table.variables}
     return [v for v in model.variables if id(v) not in owned]
 
 
-def _relative(model: Any, path: str) -> str:
+def relative_path(model: Any, path: str) -> str:
     """A variable or layer path inside `model`: without the model's own (auto-numbered) name."""
     head, _, rest = path.partition("/")
     return rest if head == model.name and rest else path
 
 
-def _partial(table: EmbeddingTable) -> bool:
+def held_in_part(table: EmbeddingTable) -> bool:
     """A sharded table of which this process holds only some shards (multi-worker training)."""
     return table.num_shards > 1 and len(table.local_shards) < table.num_shards
 
 
-def _barrier(table: EmbeddingTable) -> None:
+def worker_barrier(table: EmbeddingTable) -> None:
     """Wait until every worker gets here: a collective sum over the table's strategy."""
     import tensorflow as tf
 
@@ -95,20 +95,20 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     the checkpoint together and renames it into place once all have written.
     """
     tables = tables_of(model)
-    partial = [table for table in tables if _partial(table)]
+    partial = [table for table in tables if held_in_part(table)]
     workers = partial[0].num_shards // len(partial[0].local_shards) if partial else 1
     worker = partial[0].local_shards[0] // len(partial[0].local_shards) if partial else 0
     staging = Path(path).with_name(f".{Path(path).name}.shards")
     if partial:
         staging.mkdir(parents=True, exist_ok=True)
         for i, table in enumerate(tables):
-            if _partial(table):
+            if held_in_part(table):
                 np.savez(staging / f"{i}.worker{worker}.npz", **_table_arrays(table, optimizer, rows))
-        _barrier(partial[0])  # every worker's shards are on disk
+        worker_barrier(partial[0])  # every worker's shards are on disk
     if worker == 0:
         _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers, rows)
     if partial:
-        _barrier(partial[0])  # the checkpoint is complete before anyone reads it
+        worker_barrier(partial[0])  # the checkpoint is complete before anyone reads it
     return Path(path)
 
 
@@ -122,7 +122,7 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
         for i, table in enumerate(tables):
             slots = table.optimizer_slots(optimizer)
             slot_ids.update(id(slot) for slot in slots)
-            if _partial(table):
+            if held_in_part(table):
                 parts = [staging / f"{i}.worker{w}.npz" for w in range(workers)]
                 for w, part in enumerate(parts):
                     shutil.move(part, tmp / "tables" / f"{i}.worker{w}.npz")
@@ -134,13 +134,13 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
                 kept = lifecycle.saved_state(table) if rows is None or table.name not in rows else {}
                 if kept:
                     np.savez(tmp / "tables" / f"{i}.lifecycle.npz", **kept)
-            table_entries.append({"layer": _relative(model, table.path),
+            table_entries.append({"layer": relative_path(model, table.path),
                                   "rows": getattr(table, "total_rows", table.capacity),
                                   "dim": table.dim, "keys": int(keys), "dynamic": table.dynamic,
                                   "sharding": getattr(table, "sharding", "replicated"), "shards": table.num_shards,
                                   "files": len(parts), "slots": [s.name for s in slots],
                                   "storage_dtype": table.precision.storage})  # rows saved in float32 (exact)
-        dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model, tables)}
+        dense = {relative_path(model, v.path): v.numpy() for v in dense_variables(model, tables)}
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         opt_vars = [v for v in (optimizer.variables if optimizer is not None and optimizer.built else [])
                     if id(v) not in slot_ids]
@@ -190,7 +190,7 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     saved_dense = {d["path"]: tuple(d["shape"]) for d in manifest["dense"]}
     pairs: list[tuple[str, Any]] = []
     try:  # by path without Keras' per-process numbers (dense_3 -> dense) and shape, in model order
-        pairs = match(saved_dense, {_relative(model, v.path): v for v in _dense_variables(model, owned)}, str(path))
+        pairs = match(saved_dense, {relative_path(model, v.path): v for v in dense_variables(model, owned)}, str(path))
     except ValueError as exc:
         problems.append(f"dense variables differ ({exc})")
     if len(manifest["tables"]) != len(owned):

@@ -47,6 +47,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -62,11 +63,13 @@ from sok_tutorial.training.checkpoint import (
     FORMAT,
     MANIFEST,
     CheckpointMismatch,
-    _dense_variables,
-    _relative,
+    dense_variables,
+    held_in_part,
     read_npz,
     read_tables,
+    relative_path,
     save_checkpoint,
+    worker_barrier,
 )
 
 _TABLE_ARRAYS = ("keys", "vectors", "key_slots", "marks", "counts")
@@ -132,9 +135,38 @@ def export_delta(model: Any, path: str | os.PathLike, since: Any, *, optimizer: 
         arrays.pop("shard")
         arrays["evicted"] = lifecycle.evicted_since(table, start)
         parts.append(arrays)
-    dense = {_relative(model, v.path): v.numpy() for v in _dense_variables(model, tables)}
+    dense = {relative_path(model, v.path): v.numpy() for v in dense_variables(model, tables)}
     lineage = None if isinstance(since, (int, np.integer)) else _read_base(Path(since), "since")[1]
-    return write_delta(path, model, parts, starts, _marks(model), dense, overwrite=overwrite, lineage=lineage)
+    partial = [table for table in tables if held_in_part(table)]
+    if not partial:
+        return write_delta(path, model, parts, starts, _marks(model), dense, overwrite=overwrite, lineage=lineage)
+    return _write_delta_of_workers(path, model, parts, starts, dense, partial[0], overwrite, lineage)
+
+
+def _write_delta_of_workers(path: str | os.PathLike, model: Any, parts: list[dict[str, np.ndarray]],
+                            starts: list[int], dense: dict[str, np.ndarray], table: Any, overwrite: bool,
+                            lineage: str | None) -> Path:
+    """Tables sharded over worker processes: every worker calls `export_delta` with the same `path`
+    (a directory all can reach) and stages its shards' rows beside it; worker 0 joins them into one
+    delta in the one-device layout, as `save_checkpoint` does for checkpoints."""
+    tables = tables_of(model)
+    workers = table.num_shards // len(table.local_shards)
+    worker = table.local_shards[0] // len(table.local_shards)
+    staging = Path(path).with_name(f".{Path(path).name}.shards")
+    staging.mkdir(parents=True, exist_ok=True)
+    for i, (t, arrays) in enumerate(zip(tables, parts)):
+        if held_in_part(t):
+            np.savez(staging / f"{i}.worker{worker}.npz", **arrays)
+    worker_barrier(table)  # every worker's rows are on disk
+    if worker == 0:
+        for i, t in enumerate(tables):
+            if held_in_part(t):
+                shards = [dict(np.load(staging / f"{i}.worker{w}.npz")) for w in range(workers)]
+                parts[i] = {name: np.concatenate([shard[name] for shard in shards]) for name in shards[0]}
+        write_delta(path, model, parts, starts, _marks(model), dense, overwrite=overwrite, lineage=lineage)
+        shutil.rmtree(staging, ignore_errors=True)
+    worker_barrier(table)  # the delta is complete before anyone reads it
+    return Path(path)
 
 
 def write_delta(path: str | os.PathLike, model: Any, parts: Sequence[Mapping[str, np.ndarray]],
@@ -149,7 +181,7 @@ def write_delta(path: str | os.PathLike, model: Any, parts: Sequence[Mapping[str
         entries = []
         for i, (table, arrays, start, mark) in enumerate(zip(tables, parts, since, marks)):
             np.savez(tmp / "tables" / f"{i}.npz", **arrays)
-            entries.append({"layer": _relative(model, table.path), "dim": table.dim, "since": int(start),
+            entries.append({"layer": relative_path(model, table.path), "dim": table.dim, "since": int(start),
                             "mark": int(mark), "keys": len(arrays["keys"]), "evicted": len(arrays["evicted"])})
         np.savez(tmp / "dense.npz", **{f"v{i}": a for i, a in enumerate(dense.values())})
         manifest = {"format": FORMAT, "kind": "delta", "model": type(model).__name__, "lineage": lineage,
