@@ -16,9 +16,9 @@ Every replica inserts the same keys in the same order, so a dynamic table's key 
 same on every replica (a replicated index: it costs what a one-device index costs). Each
 replica's gradient is a ``tf.IndexedSlices`` over the rows of all N*K keys, already summed
 over replicas: the sparse optimizers apply it to that replica's columns (no all-reduce), and
-their slots follow the variable's slice. A per-row slot that mixes columns (`RowWiseAdagrad`'s
-accumulator) cannot be split: each replica would keep its own, so training would not match one
-device, and `export` and `restore` refuse it.
+their slots follow the variable's slice, as each optimizer's `SlotLayout` declares. A per-row slot
+that mixes columns (`RowWiseAdagrad`'s accumulator) cannot be split: each replica would keep its
+own, so training would not match one device; the optimizer refuses such a table when it builds.
 
 `export` and `restore` speak the one-device layout (full-width rows), so checkpoints move between
 one device, row-wise, column-wise and grid tables of any replica count. A column-wise table is the
@@ -68,6 +68,10 @@ class ColumnShardedTable(ShardedTable):
     @property
     def total_rows(self) -> int:
         return self.capacity * self.grid[0]
+
+    @property
+    def column_groups(self) -> int:
+        return self.grid[1]
 
     def _grid(self) -> tuple[int, int]:
         """(row groups, column groups) of the replicas: column-wise, one row group of all N."""
@@ -133,18 +137,12 @@ class ColumnShardedTable(ShardedTable):
         return self.local_shards[component]
 
     def _slot_blocks(self, slot: Any, optimizer: Any) -> int:
-        """Slices of the width a slot holds (1, or Adam's fused ``m | v (| v_hat)``), the rest per row."""
-        if len(slot.shape) != 2:
-            raise ValueError(f"{self.name}: optimizer slot {slot.name} holds one value per row of all columns "
-                             "(as RowWiseAdagrad does), which a column-sharded table cannot split; use "
-                             "sharding='row' or another optimizer")
+        """Slices of the width a slot holds (1, or Adam's fused ``m | v (| v_hat)``), the rest per row,
+        as its optimizer declares (`sok_tutorial.embedding.optimizers.SlotLayout`)."""
+        from sok_tutorial.embedding.optimizers import slot_layout  # (the optimizers import the tables)
+
         optimizer = self.optimizer if self.optimizer is not None else optimizer
-        width = int(slot.shape[1])
-        blocks = 1 if width == self.width else (3 if getattr(optimizer, "amsgrad", False) else 2)
-        if not 0 <= width - blocks * self.width <= 1:
-            raise ValueError(f"{self.name}: optimizer slot {slot.name} has width {width}, not a multiple of the "
-                             f"slice width {self.width}")
-        return blocks
+        return slot_layout(optimizer).of(slot.name)[0]
 
     # ------------------------------------------------------------------ lookups
     def group_of(self, keys: tf.Tensor) -> tf.Tensor:

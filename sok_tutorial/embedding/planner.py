@@ -58,8 +58,15 @@ from sok_tutorial.embedding.index import num_slots
 from sok_tutorial.embedding.placement import SHARDINGS, column_slices, exchange_bytes, grid_shape, plan_table_wise
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SLOT_FLOATS = {"sgd": (0, 0), "adam": (2, 0), "lazyadam": (2, 1), "adagrad": (1, 0), "ftrl": (2, 0),
-               "rowwise_adagrad": (0, 1)}  # (floats per element, floats per row: LazyAdam keeps a step per row)
+
+
+def slot_floats(optimizer: str) -> tuple[int, int]:
+    """(slot values per element of a row, per row) of the optimizer named `optimizer` with its
+    defaults, as it declares them (`sok_tutorial.embedding.optimizers.slot_layout`)."""
+    from sok_tutorial.embedding.optimizers import slot_layout  # (the optimizers import the tables)
+
+    layout = slot_layout(optimizer)
+    return layout.per_element, layout.per_row
 
 
 class PlanError(ValueError):
@@ -91,7 +98,9 @@ class TableSpec:
     def __post_init__(self) -> None:
         checks.positive_int(f"{self.name}: rows", self.rows)
         checks.positive_int(f"{self.name}: dim", self.dim)
-        checks.one_of(f"{self.name}: optimizer", self.optimizer, tuple(SLOT_FLOATS))
+        from sok_tutorial.embedding.optimizers import LAYOUTS
+
+        checks.one_of(f"{self.name}: optimizer", self.optimizer, tuple(LAYOUTS))
         if not self.ids_per_sample > 0:
             raise ValueError(f"{self.name}: ids_per_sample={self.ids_per_sample!r}, expected a number > 0")
         if self.slot_sizes is not None:
@@ -169,7 +178,7 @@ class Plan:
 
 def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: bool, table_wise: bool = False) -> int:
     """Bytes of the variables a table of `rows` x `width` creates on one replica (with its slots)."""
-    per_element, per_row = SLOT_FLOATS[optimizer]
+    per_element, per_row = slot_floats(optimizer)
     out = rows * width * (DTYPE_BYTES[dtype] + 4 * per_element) + rows * 4 * per_row
     if indexed:  # slot_rows, row_keys, size
         out += num_slots(rows) * 8 + rows * 8 + 8
@@ -184,7 +193,7 @@ def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_
     ``"row_column"``, `grid_shape`'s default if None)."""
     n = num_replicas
     keys = max(1, round(global_batch / n * spec.ids_per_sample))
-    per_element, per_row = SLOT_FLOATS[spec.optimizer]
+    per_element, per_row = slot_floats(spec.optimizer)
     if n == 1:
         sharding = "replicated"
     rows, width, touched_rows = spec.rows, spec.dim, n * keys

@@ -7,7 +7,7 @@ variable and compute types a table must keep apart.) Everything outside the vari
 float32::
 
     lookup     rows (storage) --gather--> cast to float32 --> the layer's float32 vectors
-    gradient   float32, to the sparse optimizers (`sok_tutorial.optimizers_base`)
+    gradient   float32, to the sparse optimizers (`sok_tutorial.embedding.optimizers.base`)
     update     gather rows and slots, cast up (`widen`) -> Keras' maths in float32
                -> round to the storage type (`narrow`) -> write back
 

@@ -149,6 +149,11 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         """Whether rows are assigned by the dynamic index (else row = key)."""
         return self.dynamic
 
+    @property
+    def column_groups(self) -> int:
+        """Groups of replicas that each hold a slice of the width (1: every replica holds whole rows)."""
+        return 1
+
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return

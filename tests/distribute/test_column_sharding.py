@@ -102,6 +102,6 @@ def test_bad_column_sharding_inputs(strategy_of):
         rowwise = sok.DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, sharding="column", name="rw")
         rowwise.build()
         opt = sok.optimizers.RowWiseAdagrad(0.1)
-        with pytest.raises(ValueError, match="rw: RowWiseAdagrad keeps one accumulator per row"):
+        with pytest.raises(ValueError, match="rw: RowWiseAdagrad keeps one value per row of all columns"):
             opt.build([rowwise.embedding_variable])  # refused before a step could train it wrongly
         assert not opt.built

@@ -139,7 +139,7 @@ def test_bad_grid_inputs(strategy_of):
         rowwise = sok.DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, sharding="row_column", name="rw")
         rowwise.build()
         opt = sok.optimizers.RowWiseAdagrad(0.1)
-        with pytest.raises(ValueError, match="rw: RowWiseAdagrad keeps one accumulator per row .*'row_column'"):
+        with pytest.raises(ValueError, match="rw: RowWiseAdagrad keeps one value per row of all columns.*'row_column'"):
             opt.build([rowwise.embedding_variable])
         assert not opt.built
     with pytest.raises(ValueError, match="rows: column_shards=2 sets the grid of sharding='row_column'; got "

@@ -185,3 +185,30 @@ def test_a_row_given_to_a_new_key_starts_with_fresh_slots(ours, kwargs, graph):
         np.testing.assert_array_equal(slot.numpy()[others], control_slot.numpy()[others])
     marked = [20] if slots else [7, 20]  # row 7's mark is cleared, row 20's kept (plain SGD, no state: both kept)
     assert np.flatnonzero(table.state.row_fresh.numpy()).tolist() == marked
+
+
+def test_each_optimizer_declares_the_slots_it_makes_for_a_table():
+    """An optimizer's SlotLayout (what the planner prices and column sharding slices) matches the slot
+    variables it really creates for a table: their widths per element and per row."""
+    from sok_tutorial.embedding.optimizers import LAYOUTS, slot_layout
+
+    cases = {name: cls(0.1) for name, cls in LAYOUTS.items()}
+    cases.update(sgd_momentum=optimizers.SGD(0.1, momentum=0.9), adam_amsgrad=optimizers.Adam(0.1, amsgrad=True))
+    assert set(LAYOUTS) == {"sgd", "adam", "lazyadam", "adagrad", "ftrl", "rowwise_adagrad"}
+    for name, opt in cases.items():
+        table = EmbeddingTable(ROWS, DIM, dynamic=False, name=f"t_{name}")
+        table.build()
+        opt.build([table.variable])
+        layout = slot_layout(opt)
+        made = {}
+        for slot in table.optimizer_slots(opt):
+            width = int(slot.shape[1]) if len(slot.shape) == 2 else 0
+            per_element, per_row = layout.of(slot.name)
+            made[slot.name] = (width, 1 if len(slot.shape) == 1 else 0)
+            assert (per_element * DIM + per_row if width else per_row) == (width or 1), (name, slot.name)
+        assert len(made) == len(layout.slots), (name, made)
+        floats = sum(int(np.prod(s.shape)) for s in table.optimizer_slots(opt))
+        assert floats == ROWS * (layout.per_element * DIM + layout.per_row), name
+    assert slot_layout("lazyadam").per_row == 1 and not slot_layout("rowwise_adagrad").splits_by_column
+    with pytest.raises(ValueError, match="optimizer='nadam' is invalid: expected one of"):
+        slot_layout("nadam")

@@ -1,14 +1,14 @@
-"""What every sparse optimizer of `sok_tutorial.optimizers` shares: `_SparseMixin` and the row helpers.
+"""What every sparse optimizer of `sok_tutorial.optimizers` shares: `SparseOptimizer` and the row helpers.
 
-An optimizer's sparse path reads a gradient's distinct rows (`_touched`), gathers those rows of
-the variable and of each slot (`_gather`), computes Keras' formula on them and writes them back
-whole (`_write`). Embedding tables always take this path, even for a dense gradient (`_sparse`),
+An optimizer's sparse path reads a gradient's distinct rows (`touched`), gathers those rows of
+the variable and of each slot (`gather`), computes Keras' formula on them and writes them back
+whole (`write`). Embedding tables always take this path, even for a dense gradient (`as_sparse`),
 so their untouched rows and slots are never read or written.
 
 A table that evicts keys gives an evicted key's row to a new key. The new key must not inherit
 the old one's optimizer state, so each update of a table's rows asks the table once which of
-them are fresh (`_fresh`, `EmbeddingTable.fresh_rows`) and starts their gathered slot values
-afresh (`_restart`); a table that never reuses a row answers None, and nothing is added.
+them are fresh (`fresh_rows_of`, `EmbeddingTable.fresh_rows`) and starts their gathered slot values
+afresh (`restart`); a table that never reuses a row answers None, and nothing is added.
 
 A table may have its own optimizer (``EmbeddingTable(..., optimizer=...)``, the SOK layers'
 ``optimizer=``). The model's optimizer then hands that table's variable over: `build` builds it
@@ -22,17 +22,17 @@ optimizer (`sok_tutorial.training.checkpoint`) keeps their step counts along wit
 config does not hold it.)
 
 A table stored in float16 or bfloat16 (`sok_tutorial.embedding.precision`) is updated in
-float32: `_gather` casts the rows and slots it reads up, every formula runs unchanged on them,
-and `_write` rounds what it writes back to the variable's type, to nearest or stochastically
+float32: `gather` casts the rows and slots it reads up, every formula runs unchanged on them,
+and `write` rounds what it writes back to the variable's type, to nearest or stochastically
 (the table's ``stochastic_rounding``, with the optimizer's step count in the noise's seed).
-Slots are created in the table's ``slot_dtype`` (`_slot_dtype`).
+Slots are created in the table's ``slot_dtype`` (`slot_dtype`).
 """
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import keras
 import tensorflow as tf
 
 from sok_tutorial.embedding import precision
@@ -40,7 +40,7 @@ from sok_tutorial.embedding.ops import UniqueRowsGradient, read_rows, sum_by_pos
 from sok_tutorial.embedding.table import table_of
 
 
-def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
+def touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
     if isinstance(gradient, UniqueRowsGradient):
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
@@ -48,17 +48,12 @@ def _touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tens
     return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
 
 
-def _tf(variable: Any) -> Any:
-    """The tf.Variable behind a Keras variable (a tf.Variable is returned as is)."""
-    return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
+def gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
     """Rows of a variable or slot (a resource gather: reads only these rows), float16 and bfloat16 in float32."""
     return precision.widen(read_rows(slot, rows))
 
 
-def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
+def write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
     """Write rows back, rounded to the variable's type when it is narrower (as its table rounds)."""
     dtype = tf.as_dtype(variable.dtype)
     if values.dtype != dtype:
@@ -71,13 +66,13 @@ def _write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) ->
     optimizer.assign(variable, tf.IndexedSlices(values, rows))
 
 
-def _slot_dtype(variable: Any) -> Any:
+def slot_dtype(variable: Any) -> Any:
     """The dtype of `variable`'s per-row slots: its table's ``slot_dtype``, else its own."""
     table = table_of(variable)
     return variable.dtype if table is None else table.precision.slot
 
 
-def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
+def fresh_rows_of(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
     """Which of `rows` (distinct) of a table went to a new key since their last update, bool ``[U]``,
     clearing the marks; None for other variables and for tables that never reuse a row. Call it
     once per update of a variable's rows by an optimizer with per-row slots, so that the marks are
@@ -87,7 +82,7 @@ def _fresh(variable: Any, rows: tf.Tensor) -> tf.Tensor | None:
     return None if table is None else table.fresh_rows(rows)
 
 
-def _restart(values: tf.Tensor, fresh: tf.Tensor | None, initial: Any = 0.0) -> tf.Tensor:
+def restart(values: tf.Tensor, fresh: tf.Tensor | None, initial: Any = 0.0) -> tf.Tensor:
     """Gathered slot rows `values` ``[U, ...]`` with the `fresh` ones at the slot's `initial` value."""
     if fresh is None:
         return values
@@ -95,26 +90,26 @@ def _restart(values: tf.Tensor, fresh: tf.Tensor | None, initial: Any = 0.0) -> 
     return tf.where(mask, tf.cast(initial, values.dtype), values)
 
 
-def _sparse(gradient: Any, variable: Any) -> Any:
+def as_sparse(gradient: Any, variable: Any) -> Any:
     """Embedding tables always take the sparse path (a dense gradient touches every row)."""
     if isinstance(gradient, tf.IndexedSlices) or table_of(variable) is None:
         return gradient
     return tf.IndexedSlices(gradient, tf.range(tf.shape(gradient, tf.int64)[0]))
 
 
-def _slot_prefix(variable: Any) -> str:
+def slot_prefix(variable: Any) -> str:
     """Keras' naming of per-variable optimizer state: the variable's path with ``_`` for ``/``."""
     return getattr(variable, "path", variable.name).replace("/", "_")
 
 
-def _exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
+def exclude_tables_from_weight_decay(optimizer: Any, var_list: list[Any]) -> None:
     """Dense weight decay would touch every row of a table: leave tables out (Keras matches by key)."""
     excluded = set(getattr(optimizer, "_exclude_from_weight_decay", set()))
     optimizer._exclude_from_weight_decay = excluded | {optimizer._var_key(v) for v in var_list
                                                        if table_of(v) is not None}
 
 
-def _unscaled(gradient: Any, scale: float | None) -> Any:
+def unscaled(gradient: Any, scale: float | None) -> Any:
     """`gradient` of a loss that the model's optimizer scaled by `scale` (``loss_scale_factor``), unscaled."""
     if scale is None or gradient is None:
         return gradient
@@ -123,13 +118,66 @@ def _unscaled(gradient: Any, scale: float | None) -> Any:
     return gradient / scale
 
 
-def _sharded(variable: Any) -> bool:
+def sharded(variable: Any) -> bool:
     """A table whose replicas hold different rows: its gradient is per replica, never all-reduced."""
     table = table_of(variable)
     return table is not None and table.num_shards > 1
 
 
-class _SparseMixin:
+@dataclass(frozen=True)
+class SlotLayout:
+    """An optimizer's state for one table, declared once by the optimizer (`SparseOptimizer.slot_layout`).
+
+    `slots` are the slot variables it keeps for a table: (name, values per element of a row,
+    values per row beside them). `splits_by_column`: whether a column-sharded table may split the
+    state by columns (False for a per-row value that mixes every column of the row, as
+    `RowWiseAdagrad`'s accumulator). The planner prices a table's state from `per_element` and
+    `per_row`; column sharding slices each slot by its values per element.
+
+    Example:
+        >>> SlotLayout((("moments", 2, 1),)).per_element, SlotLayout((("moments", 2, 1),)).per_row
+        (2, 1)
+    """
+
+    slots: tuple[tuple[str, int, int], ...] = ()
+    splits_by_column: bool = True
+
+    @property
+    def per_element(self) -> int:
+        return sum(s[1] for s in self.slots)
+
+    @property
+    def per_row(self) -> int:
+        return sum(s[2] for s in self.slots)
+
+    def of(self, variable_name: str) -> tuple[int, int]:
+        """(values per element, values per row) of the slot variable named `variable_name`
+        (Keras names a table's slot ``<table variable path>_<slot name>``)."""
+        for name, per_element, per_row in self.slots:
+            if variable_name.split(":")[0].endswith(f"_{name}"):
+                return per_element, per_row
+        raise ValueError(f"optimizer slot {variable_name!r} is not one of {[s[0] for s in self.slots]}")
+
+
+LAYOUTS: dict[str, type] = {}  # the planner's optimizer names -> classes (each registers itself)
+
+
+def slot_layout(optimizer: Any) -> SlotLayout:
+    """The `SlotLayout` of an optimizer, or of the one named `optimizer` with its defaults
+    (``"sgd"``, ``"adam"``, ``"lazyadam"``, ``"adagrad"``, ``"ftrl"``, ``"rowwise_adagrad"``).
+
+    Example:
+        >>> slot_layout("lazyadam").per_element, slot_layout("lazyadam").per_row
+        (2, 1)
+    """
+    if isinstance(optimizer, str):
+        if optimizer not in LAYOUTS:
+            raise ValueError(f"optimizer={optimizer!r} is invalid: expected one of {sorted(LAYOUTS)}")
+        return LAYOUTS[optimizer].LAYOUT
+    return optimizer.slot_layout()
+
+
+class SparseOptimizer:
     """Shared by the sparse optimizers. Touched rows are read and written back whole
     (``scatter_update``), which on CPU costs about half of an in-place ``scatter_sub``.
 
@@ -137,8 +185,19 @@ class _SparseMixin:
     table with its own optimizer go to that one (module docstring).
     """
 
+    NAME: ClassVar[str] = ""  # the planner's name for it (`LAYOUTS`)
+    LAYOUT: ClassVar[SlotLayout] = SlotLayout()  # its state for a table, with default arguments
     _delegates: tuple[Any, ...] = ()  # the tables' own optimizers, found by build
     _built_for: list[Any] | None = None  # every variable build was given: apply(grads) without variables
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("NAME"):
+            LAYOUTS[cls.NAME] = cls
+
+    def slot_layout(self) -> SlotLayout:
+        """This optimizer's state for a table (its arguments may change it: momentum, amsgrad)."""
+        return self.LAYOUT
 
     def __init__(self, *args: Any, **kwargs: Any):
         rate = kwargs.get("learning_rate", args[0] if args else None)
@@ -153,6 +212,7 @@ class _SparseMixin:
         own, others = self._split(variables)
         for other, positions in others:
             other.build([variables[i] for i in positions])
+        self._refuse_column_splits([variables[i] for i in own])
         # plain attributes, out of Keras' and TF's tracking: the model's variables and other
         # optimizers are not this optimizer's state
         object.__setattr__(self, "_built_for", variables)
@@ -164,30 +224,42 @@ class _SparseMixin:
                 for slot in table.optimizer_slots(self):
                     precision.own_slot(table, slot)
 
+    def _refuse_column_splits(self, variables: list[Any]) -> None:
+        """A column-sharded table cannot split state that mixes a row's columns: refused before any
+        slot exists (a step would train each replica's columns with its own per-row value)."""
+        if self.slot_layout().splits_by_column:
+            return
+        for variable in variables:
+            table = table_of(variable)
+            if table is not None and table.column_groups > 1:
+                raise ValueError(f"{table.name}: {type(self).__name__} keeps one value per row of all columns, which "
+                                 f"a column-sharded table (sharding={getattr(table, 'sharding', None)!r}) cannot "
+                                 "split; use sharding='row' or another optimizer")
+
     def add_variable_from_reference(self, reference_variable: Any, name: str | None = None,
                                     initializer: Any = "zeros") -> Any:
         """Keras' slot of a variable, in its table's ``slot_dtype`` for a table."""
-        dtype = _slot_dtype(reference_variable)
+        dtype = slot_dtype(reference_variable)
         if dtype == reference_variable.dtype:
             return super().add_variable_from_reference(reference_variable, name, initializer)
         return self.add_variable(shape=reference_variable.shape, initializer=initializer, dtype=dtype,
-                                 name=f"{_slot_prefix(reference_variable)}_{name or 'var'}")
+                                 name=f"{slot_prefix(reference_variable)}_{name or 'var'}")
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         """Dense gradients of other variables: Keras' own update. Everything else (a table's
         gradient always): `_sparse_step` on the distinct touched rows and their summed gradients."""
-        gradient = _sparse(gradient, variable)
+        gradient = as_sparse(gradient, variable)
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
         dtype = precision.compute_dtype(variable.dtype)  # float32 for a low-precision table
-        rows, g = _touched(gradient, dtype)
+        rows, g = touched(gradient, dtype)
         return self._sparse_step(variable, rows, g, tf.cast(learning_rate, dtype))
 
     def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
         raise NotImplementedError
 
     def _build_slots(self, var_list: list[Any]) -> None:
-        _exclude_tables_from_weight_decay(self, var_list)
+        exclude_tables_from_weight_decay(self, var_list)
         super().build(var_list)
 
     def _table_optimizer(self, variable: Any) -> Any:
@@ -196,7 +268,7 @@ class _SparseMixin:
         other = None if table is None else table.optimizer
         if other is None or other is self:
             return None
-        if not isinstance(other, _SparseMixin):
+        if not isinstance(other, SparseOptimizer):
             kind = f"{type(other).__module__}.{type(other).__qualname__}"
             raise TypeError(f"table {table.name!r}: optimizer={kind} is invalid: expected one of "
                             "sok_tutorial.optimizers (SGD, Adagrad, Adam, LazyAdam, Ftrl, RowWiseAdagrad), which "
@@ -240,7 +312,7 @@ class _SparseMixin:
             self.build(variables)
         handed_over = False
         for other, positions in others:
-            pairs = [(_unscaled(grads[i], self.loss_scale_factor), variables[i]) for i in positions
+            pairs = [(unscaled(grads[i], self.loss_scale_factor), variables[i]) for i in positions
                      if grads[i] is not None]
             if pairs:
                 other.apply([g for g, _ in pairs], [v for _, v in pairs])
@@ -272,7 +344,7 @@ class _SparseMixin:
         is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
         and `strategy.extended.update` hands each replica's gradient to its own shard."""
         pairs = list(grads_and_vars)
-        local = {i for i, (g, v) in enumerate(pairs) if g is not None and _sharded(v)}
+        local = {i for i, (g, v) in enumerate(pairs) if g is not None and sharded(v)}
         if not local or tf.distribute.get_replica_context() is None:
             return super()._all_reduce_sum_gradients(pairs)
         rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
