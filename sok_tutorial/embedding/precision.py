@@ -176,22 +176,22 @@ def narrow(values: tf.Tensor, dtype: Any, rows: tf.Tensor | None = None, *, stoc
 
 
 # ------------------------------------------------------------------ which table rounds a slot
-_SLOT_OWNERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-_STREAMS: dict[int, int] = {}
+_SLOT_OF = "_sok_tutorial_slot_of"  # set on a slot's variable objects: (weak reference to the table, stream)
 
 
 def own_slot(table: Any, slot: Any) -> None:
-    """Record that optimizer variable `slot` holds rows of `table` (so it is rounded as the table is)."""
+    """Record on optimizer variable `slot` (and the variables behind it) that it holds rows of
+    `table`, so it is rounded as the table is; a new variable never inherits the record."""
     stream = zlib.crc32(slot.name.encode()) & 0xFFFF | 0x10000  # 0: the table's own rows
     for v in (slot, getattr(slot, "value", slot), *list(getattr(getattr(slot, "value", slot), "values", None) or [])):
-        _SLOT_OWNERS[id(v)] = table
-        _STREAMS[id(v)] = stream
+        setattr(v, _SLOT_OF, (weakref.ref(table), stream))
 
 
 def slot_owner(variable: Any) -> tuple[Any, int]:
     """(the table whose rows optimizer variable `variable` holds, its noise stream), or (None, 0)."""
-    table = _SLOT_OWNERS.get(id(variable))
-    return (table, _STREAMS.get(id(variable), 0)) if table is not None else (None, 0)
+    owner = getattr(variable, _SLOT_OF, None)
+    table = owner[0]() if isinstance(owner, tuple) else None
+    return (table, owner[1]) if table is not None else (None, 0)
 
 
 class DenseOptimizerGuard(keras.constraints.Constraint):

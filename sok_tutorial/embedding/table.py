@@ -56,13 +56,15 @@ from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
 
-_OWNERS: weakref.WeakValueDictionary[int, EmbeddingTable] = weakref.WeakValueDictionary()
+_OWNER = "_sok_tutorial_table"  # set on a table's variable objects: a weak reference to the table
 
 
 def table_of(variable: Any) -> EmbeddingTable | None:
     """The table owning `variable` (its Keras variable, the tf.Variable behind it, or a replica's
-    component of it), or None for any other variable."""
-    return _OWNERS.get(id(variable))
+    component of it), or None for any other variable. The mark lives on the variable objects
+    themselves, so a new variable never inherits a dead one's table."""
+    owner = getattr(variable, _OWNER, None)
+    return owner() if isinstance(owner, weakref.ref) else None
 
 
 def optimizer_config(optimizer: Any) -> dict[str, Any] | None:
@@ -172,7 +174,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         if self.lifecycle.active:
             self.state.create(self)
         for v in (self.variable, self.variable.value, *local_components(self.variable)):
-            _OWNERS[id(v)] = self
+            setattr(v, _OWNER, weakref.ref(self))
         super().build(input_shape)
 
     def _initializer(self) -> KeyedInitializer:
