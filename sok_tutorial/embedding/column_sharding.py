@@ -220,7 +220,7 @@ class ColumnShardedTable(ShardedTable):
         if self.lifecycle.evicts:
             return sum(len(state.live()[0]) for state in self.shard_states())
         groups, columns = self.grid  # the C replicas of a row group hold the same keys
-        return sum(int(local_components(self._size)[group * columns].numpy()) for group in range(groups))
+        return sum(int(self.index_variables(group * columns).size.numpy()) for group in range(groups))
 
     def _keys_and_rows(self, component: int) -> tuple[np.ndarray, np.ndarray]:
         if not self.indexed:
