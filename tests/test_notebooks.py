@@ -121,6 +121,9 @@ def margins_06(m: dict[str, Any], p: dict[str, Any]) -> None:
         for n in (2, 4):  # 1/n of rows, key index and state; table-wise shards add each row's slot (8 bytes)
             assert memory[mode]["1"] <= memory[mode][str(n)] * n <= 1.1 * memory[mode]["1"]
     assert memory["replicated"]["4"] == memory["replicated"]["1"]
+    for mode in ("column", "row_column"):  # slices of the width; the key index stays whole per row group
+        assert memory["row"]["4"] < memory[mode]["4"] < memory[mode]["2"] <= memory[mode]["1"]
+    assert set(memory) == {"row", "table", "column", "row_column", "replicated"}
     assert all(exchange[mode]["1"] == 0 for mode in exchange)
     assert exchange["replicated"]["2"] < exchange["row"]["2"] < exchange["table"]["2"]
 
