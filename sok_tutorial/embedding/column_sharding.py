@@ -38,9 +38,9 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
+from sok_tutorial.embedding.layouts import layout_of
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, local_components
-from sok_tutorial.embedding.placement import column_slices
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.sharding import ShardedTable, _local_replica_ids
 from sok_tutorial.embedding.table import EmbeddingTable
@@ -73,18 +73,15 @@ class ColumnShardedTable(ShardedTable):
     def column_groups(self) -> int:
         return self.grid[1]
 
-    def _grid(self) -> tuple[int, int]:
-        """(row groups, column groups) of the replicas: column-wise, one row group of all N."""
-        return 1, self.num_shards
-
     def build(self, input_shape: Any = None) -> None:
         if self.built:
             return
         strategy = tf.distribute.get_strategy()
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
-        try:
-            self.grid = self._grid()  # replica r: row group r // C, column slice r % C
-            self.widths = column_slices(self.dim, self.grid[1])
+        try:  # replica r: row group r // C, column slice r % C (column-wise: one row group of all N)
+            self.layout = layout_of(self.sharding, self.num_shards, dim=self.dim,
+                                    column_shards=getattr(self, "column_shards", None))
+            self.grid, self.widths = (self.layout.rows, self.layout.columns), self.layout.widths(self.dim)
         except ValueError as exc:
             raise ValueError(f"{self.name}: {exc}") from None
         groups, columns = self.grid

@@ -34,7 +34,7 @@ A per-row slot that mixes columns (`RowWiseAdagrad`'s accumulator) is refused, a
 move between one device and row-wise, column-wise and grid tables of any replica count.
 
 Example:
-    >>> from sok_tutorial.embedding.placement import column_slices
+    >>> from sok_tutorial.embedding.layouts import column_slices, grid_shape
     >>> groups, columns = grid_shape(4, 6)  # the default grid of 4 replicas
     >>> [(r // columns, column_slices(6, columns)[r % columns]) for r in range(4)]  # (row group, width)
     [(0, 3), (0, 3), (1, 3), (1, 3)]
@@ -55,7 +55,6 @@ import tensorflow as tf
 from kernels import checks
 from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.ops import all_gather
-from sok_tutorial.embedding.placement import grid_shape
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
@@ -78,9 +77,6 @@ class GridShardedTable(ColumnShardedTable):
     def __init__(self, capacity: int, dim: int, *, column_shards: int | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
         self.column_shards = None if column_shards is None else checks.positive_int("column_shards", column_shards)
-
-    def _grid(self) -> tuple[int, int]:
-        return grid_shape(self.num_shards, self.dim, self.column_shards)
 
     def _replica_lookup(self, context: Any, keys: tf.Tensor, slots: Any, insert: bool) -> tf.Tensor:
         if int(context.num_replicas_in_sync) != self.num_shards:

@@ -55,16 +55,21 @@ from typing import Any
 
 from kernels import checks
 from sok_tutorial.embedding.index import num_slots
-from sok_tutorial.embedding.placement import SHARDINGS, column_slices, exchange_bytes, grid_shape, plan_table_wise
+from sok_tutorial.embedding.layouts import SHARDINGS, layout_of
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def slot_layout(optimizer: str) -> Any:
+    """The `SlotLayout` the optimizer named `optimizer` declares (with its defaults)."""
+    from sok_tutorial.embedding.optimizers import slot_layout as declared  # (the optimizers import the tables)
+
+    return declared(optimizer)
 
 
 def slot_floats(optimizer: str) -> tuple[int, int]:
     """(slot values per element of a row, per row) of the optimizer named `optimizer` with its
     defaults, as it declares them (`sok_tutorial.embedding.optimizers.slot_layout`)."""
-    from sok_tutorial.embedding.optimizers import slot_layout  # (the optimizers import the tables)
-
     layout = slot_layout(optimizer)
     return layout.per_element, layout.per_row
 
@@ -196,21 +201,14 @@ def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_
     per_element, per_row = slot_floats(spec.optimizer)
     if n == 1:
         sharding = "replicated"
-    rows, width, touched_rows = spec.rows, spec.dim, n * keys
-    indexed, table_wise, grid = spec.dynamic, False, None
-    if sharding == "row":
-        rows, touched_rows = math.ceil(spec.rows / n), keys
-    elif sharding == "table":
-        _, load = plan_table_wise(list(spec.slot_sizes or (spec.rows,)), n)
-        rows, touched_rows, indexed, table_wise = max(load), keys, True, True
-    elif sharding == "column":
-        width = column_slices(spec.dim, n)[0]
-    elif sharding == "row_column":
-        groups, grid = grid_shape(n, spec.dim, column_shards)
-        rows, width, touched_rows = math.ceil(spec.rows / groups), column_slices(spec.dim, grid)[0], grid * keys
+    layout = layout_of(sharding, n, dim=spec.dim, column_shards=column_shards if sharding == "row_column" else None,
+                       slot_sizes=spec.slot_sizes)
+    rows, width, touched_rows = layout.rows_per_replica(spec.rows), layout.width(spec.dim), layout.touched_rows(keys)
+    indexed, table_wise = spec.dynamic or layout.always_indexed(), layout.always_indexed()
+    grid = layout.columns if sharding == "row_column" else None
     touched_rows = min(touched_rows, rows)  # a step updates each distinct row once
     held = table_bytes(rows, width, dtype, spec.optimizer, indexed=indexed, table_wise=table_wise)
-    moved = exchange_bytes(sharding, n, keys, spec.dim, column_shards=grid) if n > 1 else 0
+    moved = layout.exchange_bytes(keys, spec.dim)
     touched = touched_rows * 2 * (width * (DTYPE_BYTES[dtype] + 4 * per_element) + 4 * per_row)
     seconds = moved / (link_gbps * 1e9) + touched / (memory_gbps * 1e9)
     return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds, grid)
@@ -254,14 +252,11 @@ def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int
     for spec in tables:
         found = []
         for sharding in allowed:
-            if sharding == "column" and (spec.dim < n or spec.optimizer == "rowwise_adagrad"):
-                continue  # no empty slices; a per-row accumulator cannot be split by column
-            if sharding == "row" and spec.rows < n:
-                continue
-            if sharding == "row_column":
-                groups, columns = grid_shape(n, spec.dim)
-                if not 1 < columns < n or spec.rows < groups or spec.optimizer == "rowwise_adagrad":
-                    continue  # C = 1 or N is "row" or "column"
+            layout = layout_of(sharding, n, dim=spec.dim, slot_sizes=spec.slot_sizes)
+            if layout.refuses(spec.rows, spec.dim, slot_layout(spec.optimizer).splits_by_column):
+                continue  # an empty slice or row group, or optimizer state a column split would break
+            if sharding == "row_column" and not 1 < layout.columns < n:
+                continue  # C = 1 or N is "row" or "column"
 
             for rank, dtype in enumerate(dtypes):
                 p = price(spec, sharding, dtype, n, global_batch, link_gbps=link_gbps, memory_gbps=memory_gbps)

@@ -81,9 +81,10 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.initializers import KeyedInitializer
+from sok_tutorial.embedding.layouts import layout_of
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components
-from sok_tutorial.embedding.placement import EXCHANGES, plan_table_wise
+from sok_tutorial.embedding.placement import EXCHANGES
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -142,11 +143,12 @@ class ShardedTable(EmbeddingTable):
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
         if self.lifecycle.active:  # a shard's state per replica; a bucketed index routes keys by bucket
             self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=self.num_shards)
+        sizes = self.slot_sizes or [1] * self.slot_num
+        if self.sharding == "table" and len(sizes) != self.slot_num:
+            raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
+        self.layout = layout_of(self.sharding, self.num_shards, dim=self.dim, slot_sizes=sizes)
         if self.sharding == "table":
-            sizes = self.slot_sizes or [1] * self.slot_num
-            if len(sizes) != self.slot_num:
-                raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
-            self.owners, load = plan_table_wise(sizes, self.num_shards)
+            self.owners, load = self.layout.owners(sum(sizes))
             if self.slot_sizes and max(load) > self.capacity:
                 raise ValueError(f"{self.name}: table-wise placement puts {max(load):,} rows on one replica, "
                                  f"more than max_vocabulary_size_per_gpu={self.capacity:,}")

@@ -1,0 +1,106 @@
+"""`Grid`: rows split over R row groups, columns over C column groups, ``R * C = N`` replicas.
+
+Row-wise is ``Grid(N, N, 1)`` (key ``k``, or with an eviction policy its bucket, on replica
+``k mod N``), column-wise ``Grid(N, 1, N)`` (every row, a slice of the width on each replica),
+and ``"row_column"`` any grid between (`grid_shape`). Replica ``r`` is in row group ``r // C``
+and column group ``r % C``; it holds ``ceil(rows / R)`` rows of ``column_slices(dim, C)[r % C]``
+columns (padded to the widest), and the C replicas of a row group keep the same key index.
+"""
+from __future__ import annotations
+
+import math
+
+from kernels import checks
+from sok_tutorial.embedding.layouts.base import FLOAT_BYTES, Layout
+
+
+def column_slices(dim: int, num_replicas: int) -> list[int]:
+    """Widths of the column slices of a ``dim``-wide table over `num_replicas` replicas (column-wise
+    sharding): as equal as possible, the wider ones first; each replica stores ``max`` of them.
+
+    Example:
+        >>> column_slices(10, 4), column_slices(16, 2)
+        ([3, 3, 2, 2], [8, 8])
+    """
+    checks.positive_int("dim", dim)
+    checks.positive_int("num_replicas", num_replicas)
+    if dim < num_replicas:
+        raise ValueError(f"dim={dim} is smaller than num_replicas={num_replicas}: a column slice would be empty; "
+                         "use sharding='row' or a wider table")
+    base, wider = divmod(dim, num_replicas)
+    return [base + 1] * wider + [base] * (num_replicas - wider)
+
+
+def grid_shape(num_replicas: int, dim: int, column_shards: int | None = None) -> tuple[int, int]:
+    """(row groups R, column groups C) of a ``sharding="row_column"`` table: replica ``r`` holds
+    the keys ``k`` with ``k mod R == r // C``, and column slice ``r % C`` of
+    ``column_slices(dim, C)``.
+
+    `column_shards` (C) must divide `num_replicas` and be at most `dim`. The default is the
+    squarest grid with no more column groups than row groups: the largest such divisor with
+    ``C * C <= N``. A row's lookups and updates are then shared by C replicas (a hot key weighs
+    on one replica row-wise, on all of them column-wise), while a dynamic table's key index is
+    kept by the C replicas of its row group only (column-wise, by all N). A prime N gives C = 1,
+    the row-wise placement.
+
+    Example:
+        >>> grid_shape(4, 16), grid_shape(8, 16), grid_shape(8, 16, column_shards=4), grid_shape(4, 1)
+        ((2, 2), (4, 2), (2, 4), (4, 1))
+    """
+    n, dim = checks.positive_int("num_replicas", num_replicas), checks.positive_int("dim", dim)
+    divisors = [c for c in range(1, n + 1) if n % c == 0]
+    if column_shards is None:
+        column_shards = max(c for c in divisors if c * c <= n and c <= dim)
+    c = checks.positive_int("column_shards", column_shards)
+    if n % c:
+        raise ValueError(f"column_shards={c} does not divide num_replicas={n}: the replicas form a grid of "
+                         f"num_replicas / column_shards row groups x column_shards column groups; expected one of "
+                         f"{divisors}")
+    if c > dim:
+        raise ValueError(f"column_shards={c} is larger than dim={dim}: a column slice would be empty; expected "
+                         f"one of {[d for d in divisors if d <= dim]}")
+    return n // c, c
+
+
+class Grid(Layout):
+    """`num_replicas` replicas as `rows` row groups x `columns` column groups (module docstring);
+    `name`: the ``sharding=`` it stands for (``"row"`` exchanges owned vectors with their
+    positions, the others each replica's slices of its row group's keys)."""
+
+    def __init__(self, num_replicas: int, rows: int, columns: int, *, name: str = "row_column"):
+        super().__init__(num_replicas)
+        if rows * columns != num_replicas:
+            raise ValueError(f"a grid of {rows} x {columns} is not num_replicas={num_replicas}")
+        self.rows, self.columns, self.name = int(rows), int(columns), name
+
+    def rows_per_replica(self, rows: int) -> int:
+        return math.ceil(rows / self.rows)
+
+    def width(self, dim: int) -> int:
+        return column_slices(dim, self.columns)[0]
+
+    def widths(self, dim: int) -> list[int]:
+        """The width of each column group's slice."""
+        return column_slices(dim, self.columns)
+
+    def touched_rows(self, keys_per_replica: int) -> int:
+        return self.columns * keys_per_replica  # each replica of a row group updates its keys' rows
+
+    def refuses(self, rows: int, dim: int, splits_by_column: bool = True) -> str | None:
+        if dim < self.columns:
+            return f"dim={dim} is narrower than {self.columns} column groups"
+        if rows < self.rows:
+            return f"{rows} rows are fewer than {self.rows} row groups"
+        if self.columns > 1 and not splits_by_column:
+            return "its optimizer keeps state per row that mixes the columns"
+        return None
+
+    def _forward_bytes(self, others: int, dim: int, exchange: str) -> int:
+        if self.name == "row":
+            return super()._forward_bytes(others, dim, exchange)
+        if exchange == "all_gather":  # each replica sends its row group's C*K keys' slices: no positions
+            return others * self.columns * math.ceil(dim / self.columns) * FLOAT_BYTES
+        return 2 * others * dim * FLOAT_BYTES  # ring all-reduce of [N*K, dim] holding each replica's part
+
+    def __repr__(self) -> str:
+        return f"Grid({self.num_replicas}, {self.rows}, {self.columns})"

@@ -1,0 +1,53 @@
+"""Layout objects: the five sharding names map to three layouts, which agree with what the sharded
+tables build and with the bytes the planner and `exchange_bytes` report."""
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import sok_tutorial as sok  # noqa: E402
+from sok_tutorial.embedding.layouts import Grid, Replicated, TableWise, layout_of  # noqa: E402
+from sok_tutorial.embedding.placement import exchange_bytes  # noqa: E402
+
+
+def test_the_five_shardings_are_three_layouts():
+    assert isinstance(layout_of("replicated", 4), Replicated) and isinstance(layout_of("table", 4), TableWise)
+    row, column, grid = (layout_of(s, 4, dim=6) for s in ("row", "column", "row_column"))
+    assert (row.rows, row.columns) == (4, 1) and (column.rows, column.columns) == (1, 4)
+    assert (grid.rows, grid.columns) == sok.grid_shape(4, 6) == (2, 2)
+    assert (layout_of("row_column", 4, dim=6, column_shards=1).rows, column.widths(6)) == (4, [2, 2, 1, 1])
+    assert row.rows_per_replica(1001) == 251 and column.rows_per_replica(1001) == 1001 and grid.width(6) == 3
+
+
+@pytest.mark.parametrize("sharding", ["replicated", "row", "table", "column", "row_column"])
+@pytest.mark.parametrize("exchange", ["all_gather", "all_reduce"])
+def test_a_layout_counts_the_bytes_its_table_exchanges(sharding, exchange):
+    layout = layout_of(sharding, 4, dim=16)
+    assert layout.exchange_bytes(1000, 16, exchange) == exchange_bytes(sharding, 4, 1000, 16, exchange) > 0
+    assert layout_of(sharding, 1, dim=16).exchange_bytes(1000, 16, exchange) == 0
+
+
+@pytest.mark.parametrize("sharding", ["row", "column", "row_column"])
+def test_a_grid_is_what_the_sharded_table_builds(strategy_of, sharding):
+    strategy = strategy_of(4)
+    with strategy.scope():
+        layer = sok.DistributedEmbedding("sum", 96, 6, slot_num=1, max_nnz=1, sharding=sharding, name=f"l_{sharding}")
+        layer.build()
+    layout = layer.table.layout
+    expected = layout_of(sharding, 4, dim=6)
+    assert (layout.rows, layout.columns) == (expected.rows, expected.columns)
+    for component in strategy.experimental_local_results(layer.table.variable.value):
+        assert tuple(component.shape) == (96, layout.width(6))  # rows per replica as given, the widest slice
+
+
+def test_bad_layouts_are_refused():
+    with pytest.raises(ValueError, match="a grid of 3 x 1 is not num_replicas=4"):
+        Grid(4, 3, 1)
+    with pytest.raises(ValueError, match="column_shards=2 is for sharding='row_column', not sharding='row'"):
+        layout_of("row", 4, column_shards=2)
+    with pytest.raises(ValueError, match="sharding"):
+        layout_of("diagonal", 4)
+    assert "narrower" in layout_of("column", 4, dim=2).refuses(100, 2)
+    assert "mixes the columns" in layout_of("column", 2, dim=8).refuses(100, 8, splits_by_column=False)
+    assert layout_of("row", 2, dim=8).refuses(100, 8, splits_by_column=False) is None
