@@ -39,7 +39,9 @@ N shards of ``capacity`` rows keep, evict and admit exactly the keys one table o
 capacity`` rows would. Column-wise and grid tables do the same per row group (the C replicas of
 a group place the same keys, so their states stay equal). Export, deltas and checkpoints speak
 the one-device layout (keys with their marks and counts), and a restore puts each key in its
-shard's bucket. Table-wise tables do not forget yet: a slot's keys would need buckets of their own.
+shard's bucket. A table-wise table forgets too, each replica's slots in buckets of its own (a
+key's replica is its slot's), so it keeps the keys one device would only while no bucket
+overflows; expiry and admission, decided per key, match one device always.
 
 Bytes received per replica and step, K keys per replica of dim d (float32, int64 keys), ring
 collectives::
@@ -117,9 +119,6 @@ class ShardedTable(EmbeddingTable):
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
         self.sharding = checks.one_of("sharding", sharding, self.SHARDINGS)
-        if self.lifecycle.active and self.sharding == "table":
-            raise ValueError(f"{self.name}: eviction_policy, admission and track_changes are not available with "
-                             f"sharding={sharding!r} yet; use sharding='row', 'column', 'row_column' or 'replicated'")
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -141,8 +140,9 @@ class ShardedTable(EmbeddingTable):
             return
         strategy = tf.distribute.get_strategy()
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
-        if self.lifecycle.active:  # a shard's state per replica; a bucketed index routes keys by bucket
-            self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=self.num_shards)
+        if self.lifecycle.active:  # a shard's state per replica; row-wise, a bucketed index routes keys by bucket
+            shards = self.num_shards if self.sharding == "row" else 1  # table-wise: a slot's table is one shard
+            self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=shards)
         sizes = self.slot_sizes or [1] * self.slot_num
         if self.sharding == "table" and len(sizes) != self.slot_num:
             raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
@@ -177,13 +177,13 @@ class ShardedTable(EmbeddingTable):
             if insert and self.lifecycle.track_changes:
                 return self.rows(tf.math.floordiv(keys, self.num_shards), insert, component)
             return tf.math.floordiv(keys, self.num_shards), None
-        if not (insert and self.sharding == "table"):
-            return self.rows(keys, insert, component, counts=counts)
-        held = self.index_variables(component).size.read_value()
-        rows, found = self.rows(keys, insert, component)
-        fresh = rows >= held
-        row_slots = self._row_slots.value if component is None else local_components(self._row_slots)[component]
-        row_slots.scatter_update(tf.IndexedSlices(tf.boolean_mask(slots, fresh), tf.boolean_mask(rows, fresh)))
+        rows, found = self.rows(keys, insert, component, counts=counts)
+        if insert and self.sharding == "table":  # each row records its slot (rows a key may have just taken)
+            placed = rows >= 0
+            row_slots = self._row_slots.value if component is None else local_components(self._row_slots)[component]
+            with tf.control_dependencies([row_slots.scatter_update(tf.IndexedSlices(
+                    tf.boolean_mask(slots, placed), tf.boolean_mask(rows, placed)))]):
+                rows = tf.identity(rows)
         return rows, found
 
     # ------------------------------------------------------------------ lookups
@@ -320,10 +320,11 @@ class ShardedTable(EmbeddingTable):
         for component, shard in enumerate(self.local_shards):
             part = owned[shard]
             part = part[np.argsort(keys[part], kind="stable")] if self.indexed else part
-            self._restore_shard(component, keys[part], [v[part] for v in values], variables, arrays, part, clock)
+            rows = self._restore_shard(component, keys[part], [v[part] for v in values], variables, arrays, part,
+                                       clock)
             if self.sharding == "table":
                 full = np.full(self.capacity, -1, np.int64)
-                full[:len(part)] = key_slots[part]
+                full[rows[rows >= 0]] = key_slots[part][rows >= 0]
                 local_components(self._row_slots)[component].assign(full)
 
     def _restored_clock(self, arrays: dict[str, Any]) -> int:
@@ -332,9 +333,10 @@ class ShardedTable(EmbeddingTable):
         return int(np.max(marks)) if self.lifecycle.track_changes and marks is not None and len(marks) else 0
 
     def _restore_shard(self, component: int, keys: np.ndarray, values: list[np.ndarray], variables: list[Any],
-                       arrays: dict[str, Any], part: np.ndarray, clock: int) -> None:
+                       arrays: dict[str, Any], part: np.ndarray, clock: int) -> np.ndarray:
         """Write one local shard's `keys` (positions `part` of the checkpoint's) and their rows: into
-        its buckets with their marks and counts (a policy), else rows ``0 .. n-1``."""
+        its buckets with their marks and counts (a policy), else rows ``0 .. n-1``. Returns the row
+        of each key (-1: left out, its bucket full)."""
         if self.lifecycle.active:
             per_key = {name: None if arrays.get(name) is None else np.asarray(arrays[name])[part]
                        for name in ("marks", "counts")}
@@ -342,8 +344,9 @@ class ShardedTable(EmbeddingTable):
             if slots is not None:  # a bucketed shard: each key at its slot
                 kept = slots >= 0
                 self._write_rows(component, slots[kept], [v[kept] for v in values], variables)
-                return
+                return slots
         self._assign(component, keys, values, variables)
+        return np.arange(len(keys), dtype=np.int64) if self.indexed else self._local_rows(keys)
 
     def save_own_variables(self, store: Any) -> None:
         raise NotImplementedError(f"{self.name}: save a sharded table with sok_tutorial.training.save_checkpoint "

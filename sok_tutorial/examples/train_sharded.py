@@ -60,7 +60,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eviction-policy", default="", choices=["", "lru", "lfu", "ttl"],
                    help="a table that forgets (sharding row or replicated): evicts within buckets when full")
     p.add_argument("--capacity", type=int, default=0,
-                   help="rows of the whole table (0: one per key); row-wise, each replica holds capacity / N")
+                   help="rows of the whole table (0: one per key); row-wise, each replica holds capacity / N; "
+                   "table-wise, each replica holds capacity")
     p.add_argument("--min-count", type=int, default=1, help="admit a key once seen this many times")
     p.add_argument("--track-changes", action="store_true", help="mark rows as they change (delta exports)")
     p.add_argument("--sketch-width", type=int, default=0, help="admission sketch counters per row (0: default)")
@@ -126,8 +127,8 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     keras.utils.set_random_seed(0)
     total_rows = args.slots * args.vocabulary
     grid = {"column_shards": args.column_shards or None} if args.sharding == "row_column" else {}
-    if args.sharding == "table":
-        per_replica = max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])
+    if args.sharding == "table":  # (--capacity: rows each replica holds)
+        per_replica = args.capacity or max(sok.plan_table_wise([args.vocabulary] * args.slots, n)[1])
     else:  # the rows of a row group: a replica's row-wise, every row column-wise and replicated
         groups = n if args.sharding == "row" else sok.grid_shape(n, args.dim, **grid)[0] if grid and n > 1 else 1
         per_replica = sok.rows_per_replica(args.capacity or total_rows, groups)

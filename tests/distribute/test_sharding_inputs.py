@@ -71,15 +71,6 @@ def test_bad_sharding_inputs(strategy_of):
         sok.Init(global_batch_size=10, strategy=strategy_of(4))
 
 
-def test_a_table_wise_table_cannot_forget_yet_and_says_so(strategy_of):
-    with strategy_of(2).scope():
-        layer = sok.DistributedEmbedding("sum", 64, 4, slot_num=1, max_nnz=1, sharding="table",
-                                         eviction_policy="lru", name="fields")
-        with pytest.raises(ValueError, match="fields: eviction_policy, admission and track_changes are not available "
-                                             "with sharding='table' yet; use sharding='row'"):
-            layer.build()
-
-
 def test_restore_refuses_a_mismatched_sharding(strategy_of, tmp_path):
     strategy = strategy_of(2)
 
