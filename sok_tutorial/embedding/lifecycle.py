@@ -216,13 +216,32 @@ def evicted_since(table: Any, since: int) -> np.ndarray:
 def saved_state(table: Any) -> dict[str, np.ndarray]:
     """What a checkpoint keeps of the table's lifecycle beside its rows: the clock, the admission
     sketch and the eviction log (so that a restored trainer admits as it would have and can
-    continue its chain of deltas). Empty for a table without lifecycle state."""
-    if not table.lifecycle.active or table.num_shards > 1:
+    continue its chain of deltas). Empty for a table without lifecycle state.
+
+    A table sharded over this process's replicas keeps one state per shard: their clocks agree and
+    their sketches sum into the one-device sketch (each key is counted in its own shard's only), so
+    the checkpoint holds those; the shards' eviction logs are not kept (a restore starts the log
+    afresh, and the next delta export is a full one's successor from the restore on)."""
+    if not table.lifecycle.active:
         return {}
-    return table.state.saved()
+    states = table.shard_states()
+    if table.num_shards == 1:
+        return states[0].saved()
+    if len(table.local_shards) < table.num_shards:  # shards in other processes: each worker's own
+        return {}
+    parts = [state.saved() for state in states]
+    merged = {"clock": np.max([p["clock"] for p in parts])}
+    for name in ("sketch", "sketch_added"):
+        if name in parts[0]:
+            merged[name] = np.sum([p[name] for p in parts], axis=0).astype(parts[0][name].dtype)
+    return merged
 
 
 def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
     """Put back what `saved_state` kept (after a restore of the rows); returns what did not fit this
-    table's options (another sketch size or eviction log length), which stays as the restore left it."""
-    return table.state.load(state)
+    table's options (another sketch size or eviction log length), which stays as the restore left it.
+    Every shard of a sharded table takes the whole sketch (a count-min sketch may only overcount)."""
+    if table.num_shards == 1:
+        return table.state.load(state)
+    skipped = [table.state.local(c).load(state) for c in range(len(table.local_shards))]
+    return skipped[0]

@@ -181,3 +181,27 @@ def test_grouped_lookup_over_a_table_wise_multi_slot_layer_keeps_each_keys_slot(
         layer.build()
     with pytest.raises(ValueError, match=r"sp_ids\[0\]: layer 'flat' places its 3 slots table-wise"):
         strategy.run(lambda: sok.group_embedding_lookup_sparse([layer], [ids.merge_dims(1, 2)], ["sum"]))
+
+
+def test_a_sharded_table_keeps_its_admission_counts_through_a_checkpoint(strategy_of, tmp_path):
+    """Keys seen once by a row-sharded table with min_count=2 get no row; saved and restored on one
+    device (the shards' sketches summed), their second sighting admits them all."""
+    strategy = strategy_of(2)
+    keys = np.arange(1000, 1064, dtype=np.int64)[:, None]
+
+    def layer(capacity):
+        return sok.DistributedEmbedding("sum", capacity, 4, slot_num=1, max_nnz=1, sharding="row", name="emb",
+                                        eviction_policy="lru", min_count=2, sketch_width=4096)
+
+    with strategy.scope():
+        sharded = keras.Sequential([keras.Input((1,), dtype="int64"), layer(64)])
+    halves = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(keys[ctx.replica_id_in_sync_group * 32:][:32]))
+    strategy.run(lambda x: sharded(x, training=True), args=(halves,))
+    assert sharded.layers[0].table.size == 0  # seen once: none admitted
+    save_checkpoint(tmp_path / "ckpt", sharded)
+    one = keras.Sequential([keras.Input((1,), dtype="int64"), layer(128)])  # one device, the same rows
+    one(keys[:1], training=False)
+    load_checkpoint(tmp_path / "ckpt", one)
+    one(keys, training=True)
+    assert one.layers[0].table.size == len(keys)  # the second sighting admits every key
