@@ -137,18 +137,28 @@ def wait_for_workers(workers: list[str], me: int, timeout: float = 60.0) -> None
         listener.close()
 
 
-def make_strategy(num_replicas: int = 1, *, timeout: float = 60.0) -> Any:
+_SAME = object()
+
+
+def make_strategy(num_replicas: int = 1, *, timeout: float = 60.0, collective_timeout: Any = _SAME) -> Any:
     """The strategy for this process: multi-worker when launched as a cluster, else mirrored
     over `num_replicas` local devices (`replica_devices`).
 
     Args:
         num_replicas: local replicas when not in a cluster.
-        timeout: seconds to wait for peers at start, and for any collective to complete (a dead
-            peer then raises ``DeadlineExceeded`` in the survivors instead of hanging).
+        timeout: seconds to wait for peers at start, and (unless `collective_timeout` says
+            otherwise) for any collective to complete: a dead peer then raises
+            ``DeadlineExceeded`` in the survivors instead of hanging.
+        collective_timeout: seconds for a collective, or None for no limit. TensorFlow keeps a
+            thread for each collective until its timeout passes, even once it is done, so a long
+            run of many short steps can hold thousands of threads (about 10 a step here with
+            60 s); a run under `sok_tutorial.launch`, which stops every worker when one fails,
+            can go without.
     """
     config = cluster_from_environment()
     if config is None:
         return tf.distribute.MirroredStrategy(replica_devices(num_replicas))
     wait_for_workers(list(config["cluster"]["worker"]), int(config["task"]["index"]), timeout)
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout)
+    limit = timeout if collective_timeout is _SAME else collective_timeout
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=limit)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)

@@ -25,9 +25,10 @@ one device, row-wise, column-wise and grid tables of any replica count. A column
 grid of one row group (``grid = (1, N)``): what depends on the layout alone (slices, static rows,
 export, restore) is written here for any grid, and
 `sok_tutorial.embedding.grid_sharding.GridShardedTable` (``sharding="row_column"``) adds the
-lookup that routes keys to their row group. `export` needs every slice in
-one process: replicas in several processes (``MultiWorkerMirroredStrategy``) are not supported
-for checkpoints, and their training is untested.
+lookup that routes keys to their row group. Over worker processes (``MultiWorkerMirroredStrategy``)
+`export` gathers the other processes' slices with a collective, so every worker must call it
+(as `sok_tutorial.training.save_checkpoint` and `export_delta` do); the process holding a row
+group's first replica exports its rows.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import tensorflow as tf
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
 from sok_tutorial.embedding.layouts import layout_of
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import all_gather, local_components
+from sok_tutorial.embedding.ops import all_gather, local_components, read_rows
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.sharding import ShardedTable, _local_replica_ids
 from sok_tutorial.embedding.table import EmbeddingTable
@@ -231,33 +232,63 @@ class ColumnShardedTable(ShardedTable):
     def export(self, optimizer: Any = None, since: int | None = None) -> dict[str, np.ndarray]:
         """Every row in use by key, full width (the one-device layout): ``keys``, ``vectors``,
         ``slot_<j>``, ``shard`` and ``key_slots`` (-1: the replicas of a row group each hold a
-        slice of its rows)."""
-        if len(self.local_shards) != self.num_shards:
-            raise NotImplementedError(f"{self.name}: this process holds {len(self.local_shards)} of "
-                                      f"{self.num_shards} column slices; export needs all of them")
+        slice of its rows). Over worker processes, every worker must call it (the slices of other
+        processes come through a collective); each row group is exported by the process holding
+        its first replica, so the workers' exports together hold every key once."""
         slots = self.optimizer_slots(optimizer)
         blocks = [1] + [self._slot_blocks(s, optimizer) for s in slots]
         groups, columns = self.grid
-        parts, marks, counts = [], [], []
-        for group in range(groups):  # replicas group * C + j, j < C: the slices of the group's rows
-            keys, rows = self._keys_and_rows(group * columns)
-            state = self.state.local(group * columns)
+        chosen = []  # (component, keys, rows) of each local replica, the rows its row group exports
+        for component in range(len(self.local_shards)):
+            keys, rows = self._keys_and_rows(component)
             if since is not None:
-                keep = np.isin(rows, state.changed_since(since, len(rows)))
+                keep = np.isin(rows, self.state.local(component).changed_since(since, len(rows)))
                 keys, rows = keys[keep], rows[keep]
-            replicas = [[tf.gather(c, rows).numpy() for c in local_components(v)[group * columns:][:columns]]
-                        for v in (self.variable, *slots)]
+            chosen.append((component, keys, rows))
+        variables = [self.variable, *slots]
+        slices = self._slices(variables, [rows for _, _, rows in chosen])
+        parts, marks, counts = [], [], []
+        for component, keys, rows in chosen:  # a row group is exported where its first replica lives
+            shard = self.local_shards[component]
+            if shard % columns:
+                continue
+            replicas = [[by_shard[shard + j] for j in range(columns)] for by_shard in slices]
             parts.append([keys, *(self._join(p, b) for p, b in zip(replicas, blocks))])
+            state = self.state.local(component)
             if self.lifecycle.track_changes:
                 marks.append(state.row_marks(rows))
             if self.lifecycle.eviction_policy == "lfu":
                 counts.append(state.row_counts(rows))
+        if not parts:  # every row group this process holds is exported by another (worker) process
+            parts = [[np.zeros(0, np.int64), *(self._join([np.zeros((0, int(v.shape[1])), np.float32)] * columns, b)
+                                               for v, b in zip(variables, blocks))]]
         keys, *values = (np.concatenate(arrays) for arrays in zip(*parts))
         out = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), -1, np.int64),
                "key_slots": np.full(len(keys), -1, np.int64)}
         out.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
         out.update({name: np.concatenate(v) for name, v in (("marks", marks), ("counts", counts)) if v})
         return out
+
+    def _slices(self, variables: list[Any], rows: list[np.ndarray]) -> list[dict[int, np.ndarray]]:
+        """For each of `variables`, every replica's rows (`rows[c]` of local replica c) by replica id.
+        Replicas in other processes (worker processes) send theirs through an all_gather, which
+        every process must call, as every worker calls `export`."""
+        if len(self.local_shards) == self.num_shards:
+            return [{shard: tf.gather(local_components(v)[c], rows[c]).numpy()
+                     for c, shard in enumerate(self.local_shards)} for v in variables]
+        strategy, local = self.strategy, {shard: c for c, shard in enumerate(self.local_shards)}
+        wanted = strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(rows[local[ctx.replica_id_in_sync_group]], tf.int64))
+
+        def gather(rows_here: tf.Tensor) -> list[tf.Tensor]:
+            context = tf.distribute.get_replica_context()
+            sizes = context.all_gather(tf.shape(rows_here, out_type=tf.int64)[:1], 0)
+            return [sizes] + [all_gather(context, read_rows(v, rows_here), sizes) for v in variables]
+
+        sizes, *gathered = (strategy.experimental_local_results(t)[0].numpy()
+                            for t in strategy.run(gather, args=(wanted,)))
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        return [{r: g[starts[r]:starts[r + 1]] for r in range(self.num_shards)} for g in gathered]
 
     def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
         """As `EmbeddingTable._checked`, for one-device (full-width) rows."""

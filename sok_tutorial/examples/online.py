@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import sok_tutorial as sok
 
-    strategy = sok.make_strategy()  # before anything else runs TensorFlow
+    # (before anything else runs TensorFlow) no per-collective timeout: the launcher stops every
+    # worker if one fails, and a timeout would hold a thread per collective for its duration
+    strategy = sok.make_strategy(collective_timeout=None)
     from data_gen.drifting import drifting_day
     from sok_tutorial.training import export_delta, export_model_tables
 
