@@ -146,11 +146,11 @@ class ColumnShardedTable(ShardedTable):
     def group_of(self, keys: tf.Tensor) -> tf.Tensor:
         """The row group holding each key: ``key mod R``, or with an eviction policy the row group
         of the key's bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`)."""
-        return self.buckets.owner_of(keys) if self.lifecycle.evicts else tf.math.floormod(keys, self.grid[0])
+        return self.layout.group_of(keys, self.buckets if self.lifecycle.evicts else None)
 
     def group_of_np(self, keys: np.ndarray) -> np.ndarray:
         """NumPy twin of `group_of`."""
-        return self.buckets.owner_of_np(keys) if self.lifecycle.evicts else np.mod(keys, self.grid[0])
+        return self.layout.group_of_np(keys, self.buckets if self.lifecycle.evicts else None)
 
     def _initial_vectors(self, keys: tf.Tensor, component: int | None) -> tf.Tensor:
         return self._columns_tf(keyed_initial_values_tf(keys, self.dim, self.init), self._shard(component))

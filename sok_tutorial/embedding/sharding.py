@@ -143,7 +143,7 @@ class ShardedTable(EmbeddingTable):
         if self.lifecycle.active:  # a shard's state per replica; row-wise, a bucketed index routes keys by bucket
             shards = self.num_shards if self.sharding == "row" else 1  # table-wise: a slot's table is one shard
             self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=shards)
-        sizes = self.slot_sizes or [1] * self.slot_num
+        sizes = self._slot_sizes()
         if self.sharding == "table" and len(sizes) != self.slot_num:
             raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
         self.layout = layout_of(self.sharding, self.num_shards, dim=self.dim, slot_sizes=sizes)
@@ -161,13 +161,16 @@ class ShardedTable(EmbeddingTable):
             for shard, component in zip(self.local_shards, local_components(self.variable)):
                 component.assign(tf.cast(self.initial_values(rows * self.num_shards + shard), component.dtype))
 
+    def _slot_sizes(self) -> list[int]:
+        return self.slot_sizes or [1] * self.slot_num
+
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
         """The replica holding each key: row-wise ``key mod N``, or with an eviction policy the shard
         of the key's bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`); table-wise
         the replica of its slot."""
         if self.sharding == "row":
-            return self.buckets.owner_of(keys) if self.lifecycle.evicts else tf.math.floormod(keys, self.num_shards)
-        return tf.gather(tf.constant(self.owners, tf.int64), slots)
+            return self.layout.group_of(keys, self.buckets if self.lifecycle.evicts else None)
+        return self.layout.owner_of(slots, sum(self._slot_sizes()))
 
     def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool, component: int | None = None,
                     counts: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -293,7 +296,7 @@ class ShardedTable(EmbeddingTable):
         keys, values, variables = self._checked(arrays, optimizer)
         key_slots = np.asarray(arrays.get("key_slots", np.full(len(keys), -1)), np.int64)
         if self.sharding == "row":
-            owners = self.buckets.owner_of_np(keys) if self.lifecycle.evicts else np.mod(keys, self.num_shards)
+            owners = self.layout.group_of_np(keys, self.buckets if self.lifecycle.evicts else None)
             if not self.dynamic and len(keys) and (keys.min() < 0 or keys.max() >= self.capacity * self.num_shards):
                 raise ValueError(f"{self.name}: keys span [{keys.min()}, {keys.max()}] but the table holds row ids "
                                  f"[0, {self.capacity * self.num_shards})")
@@ -304,7 +307,7 @@ class ShardedTable(EmbeddingTable):
                 raise ValueError(f"{self.name}: the checkpoint does not say which of the {len(self.owners)} slots "
                                  "each key belongs to; a table-wise table restores from checkpoints of table-wise "
                                  "tables only")
-            owners = np.asarray(self.owners, np.int64)[key_slots]
+            owners = self.layout.owner_of_np(key_slots, sum(self._slot_sizes()))
         owned = {shard: np.flatnonzero(owners == shard) for shard in self.local_shards}
         for shard, part in owned.items():  # (a shard that evicts takes any number: `restore` keeps the newest)
             if self.indexed and not self.lifecycle.evicts and len(part) > self.capacity:

@@ -2,6 +2,7 @@
 tables build and with the bytes the planner and `exchange_bytes` report."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -51,3 +52,13 @@ def test_bad_layouts_are_refused():
     assert "narrower" in layout_of("column", 4, dim=2).refuses(100, 2)
     assert "mixes the columns" in layout_of("column", 2, dim=8).refuses(100, 8, splits_by_column=False)
     assert layout_of("row", 2, dim=8).refuses(100, 8, splits_by_column=False) is None
+
+
+def test_a_layout_says_which_replica_holds_a_key():
+    keys = tf.constant([0, 1, 2, 3, 10, 11], tf.int64)
+    assert layout_of("row", 4, dim=8).group_of(keys).numpy().tolist() == [0, 1, 2, 3, 2, 3]
+    assert layout_of("row_column", 4, dim=8).group_of(keys).numpy().tolist() == [0, 1, 0, 1, 0, 1]  # 2 x 2
+    assert layout_of("column", 4, dim=8).group_of_np(keys.numpy()).tolist() == [0] * 6  # one row group
+    table_wise = layout_of("table", 2, slot_sizes=[100, 10, 60, 50])
+    assert table_wise.owner_of(tf.constant([0, 1, 2, 3], tf.int64), 220).numpy().tolist() == [0, 0, 1, 1]
+    assert table_wise.owner_of_np(np.array([3, 2]), 220).tolist() == [1, 1]

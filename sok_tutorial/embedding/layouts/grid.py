@@ -9,6 +9,9 @@ columns (padded to the widest), and the C replicas of a row group keep the same 
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import numpy as np
 
 from kernels import checks
 from sok_tutorial.embedding.layouts.base import FLOAT_BYTES, Layout
@@ -94,6 +97,17 @@ class Grid(Layout):
         if self.columns > 1 and not splits_by_column:
             return "its optimizer keeps state per row that mixes the columns"
         return None
+
+    def group_of(self, keys: Any, buckets: Any = None) -> Any:
+        """The row group holding each int64 key (a tensor): ``key mod R``, or with a bucketed index
+        spread over the row groups (a table with an eviction policy) the group of its bucket."""
+        import tensorflow as tf
+
+        return buckets.owner_of(keys) if buckets is not None else tf.math.floormod(keys, self.rows)
+
+    def group_of_np(self, keys: np.ndarray, buckets: Any = None) -> np.ndarray:
+        """NumPy twin of `group_of`."""
+        return buckets.owner_of_np(keys) if buckets is not None else np.mod(keys, self.rows)
 
     def _forward_bytes(self, others: int, dim: int, exchange: str) -> int:
         if self.name == "row":

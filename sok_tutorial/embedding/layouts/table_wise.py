@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
 
 from kernels import checks
 from sok_tutorial.embedding.layouts.base import ID_BYTES, Layout
@@ -39,6 +42,16 @@ class TableWise(Layout):
     def owners(self, rows: int) -> tuple[list[int], list[int]]:
         """(replica of each slot, rows each replica stores) for a layer of `rows` rows."""
         return plan_table_wise(self.slot_sizes or [rows], self.num_replicas)
+
+    def owner_of(self, slots: Any, rows: int) -> Any:
+        """The replica holding each key, from its slot (an int64 tensor), for a layer of `rows` rows."""
+        import tensorflow as tf
+
+        return tf.gather(tf.constant(self.owners(rows)[0], tf.int64), slots)
+
+    def owner_of_np(self, slots: np.ndarray, rows: int) -> np.ndarray:
+        """NumPy twin of `owner_of`."""
+        return np.asarray(self.owners(rows)[0], np.int64)[slots]
 
     def rows_per_replica(self, rows: int) -> int:
         return max(self.owners(rows)[1])
