@@ -218,18 +218,24 @@ def saved_state(table: Any) -> dict[str, np.ndarray]:
     sketch and the eviction log (so that a restored trainer admits as it would have and can
     continue its chain of deltas). Empty for a table without lifecycle state.
 
-    A table sharded over this process's replicas keeps one state per shard: their clocks agree and
-    their sketches sum into the one-device sketch (each key is counted in its own shard's only), so
-    the checkpoint holds those; the shards' eviction logs are not kept (a restore starts the log
-    afresh, and the next delta export is a full one's successor from the restore on)."""
+    A sharded table keeps one state per shard: their clocks agree and their sketches sum into the
+    one-device sketch (`merged_state`), which the checkpoint holds (over worker processes, each
+    worker's part is merged by the one writing the checkpoint); the shards' eviction logs are not
+    kept (a restore starts the log afresh)."""
     if not table.lifecycle.active:
         return {}
     states = table.shard_states()
     if table.num_shards == 1:
         return states[0].saved()
-    if len(table.local_shards) < table.num_shards:  # shards in other processes: each worker's own
+    return merged_state([state.saved() for state in states])  # (worker processes: this one's shards)
+
+
+def merged_state(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The state of a table from its shards' (`saved_state`): the latest clock and the summed
+    admission sketch (each key is counted in its own shard's only); the eviction logs are dropped."""
+    parts = [p for p in parts if p]
+    if not parts:
         return {}
-    parts = [state.saved() for state in states]
     merged = {"clock": np.max([p["clock"] for p in parts])}
     for name in ("sketch", "sketch_added"):
         if name in parts[0]:

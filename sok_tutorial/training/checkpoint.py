@@ -104,6 +104,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         for i, table in enumerate(tables):
             if held_in_part(table):
                 np.savez(staging / f"{i}.worker{worker}.npz", **_table_arrays(table, optimizer, rows))
+                kept = lifecycle.saved_state(table) if rows is None or table.name not in rows else {}
+                if kept:
+                    np.savez(staging / f"{i}.worker{worker}.lifecycle.npz", **kept)
         worker_barrier(partial[0])  # every worker's shards are on disk
     if worker == 0:
         _write_checkpoint(path, model, optimizer, tables, state, overwrite, staging, workers, rows)
@@ -126,6 +129,10 @@ def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, table
                 parts = [staging / f"{i}.worker{w}.npz" for w in range(workers)]
                 for w, part in enumerate(parts):
                     shutil.move(part, tmp / "tables" / f"{i}.worker{w}.npz")
+                states = [staging / f"{i}.worker{w}.lifecycle.npz" for w in range(workers)]
+                kept = lifecycle.merged_state([read_npz(f) for f in states if f.is_file()])
+                if kept:
+                    np.savez(tmp / "tables" / f"{i}.lifecycle.npz", **kept)
                 keys = sum(len(np.load(tmp / "tables" / f"{i}.worker{w}.npz")["keys"]) for w in range(workers))
             else:
                 arrays = _table_arrays(table, optimizer, rows)

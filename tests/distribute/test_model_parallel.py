@@ -53,8 +53,8 @@ FAST_FORGET = {2: [FORGET[0], FORGET[3], FORGET[6]],
 FAST = {2: [CASES[0], CASES[2], CASES[4], CASES[5], COLUMN[1]], 4: [CASES[1], CASES[3], COLUMN[0], COLUMN[2], *GRID]}
 IN_PROCESS = [pytest.param(n, c, marks=() if c in FAST[n] else pytest.mark.slow)
               for n, cases in {2: CASES + COLUMN, 4: CASES[:4] + COLUMN + GRID}.items() for c in cases]
-# every layout with a table that forgets (the grid on 2 workers is 2 x 1), then the LazyAdam case that is saved
-WORKER_CASES = [CASES[0], CASES[3], FORGET[0], FORGET[2], FORGET[8], FORGET[3], FORGET[4], CASES[1]]
+# every layout with a table that forgets (the grid on 2 workers is 2 x 1); the last (LFU with admission) is saved
+WORKER_CASES = [CASES[0], CASES[3], FORGET[0], FORGET[2], FORGET[8], FORGET[3], FORGET[4], CASES[1], FORGET[1]]
 STEPS = 6
 MODULE = [sys.executable, "-m", "sok_tutorial.examples.train_sharded"]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -192,11 +192,16 @@ def test_two_worker_processes_train_like_one_device(strategy_of, workers: Path, 
 
 @pytest.mark.multiprocess
 def test_a_checkpoint_of_two_workers_restores_on_one_device(strategy_of, workers: Path, tmp_path: Path) -> None:
-    """Each worker writes its own shard file; one device restores both and continues exactly as a
-    checkpoint of 2 in-process replicas does."""
+    """Each worker writes its own shard file, and the lifecycle state of both (the clock, the admission
+    sketches summed) goes beside them; one device restores them and continues exactly as from a
+    checkpoint of 2 in-process replicas."""
     case = WORKER_CASES[-1]
-    assert sorted(p.name for p in (workers / "ckpt" / "tables").iterdir()) == ["0.worker0.npz", "0.worker1.npz"]
+    tables = workers / "ckpt" / "tables"
+    assert sorted(p.name for p in tables.iterdir()) == ["0.lifecycle.npz", "0.worker0.npz", "0.worker1.npz"]
     _train(strategy_of, 2, case, save=str(tmp_path / "ckpt"))
+    theirs, ours = np.load(tables / "0.lifecycle.npz"), np.load(tmp_path / "ckpt" / "tables" / "0.lifecycle.npz")
+    assert theirs["sketch"].sum() > 0 and int(theirs["clock"]) == int(ours["clock"]) == STEPS
+    np.testing.assert_array_equal(theirs["sketch"], ours["sketch"])
     from_workers = _by_key(_train(strategy_of, 1, case, restore=str(workers / "ckpt")))
     _assert_same(from_workers, _by_key(_train(strategy_of, 1, case, restore=str(tmp_path / "ckpt"))))
 
