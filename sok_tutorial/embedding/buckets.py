@@ -52,7 +52,6 @@ Example:
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +59,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import local_components, read_rows
+from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable
 
 _MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
@@ -137,11 +136,7 @@ class BucketedIndex:
     def local(self, component: int) -> BucketedIndex:
         """This index over one local copy of its (mirrored) variables: a replica's shard, on the host
         or outside ``strategy.run``."""
-        view = copy.copy(self)
-        for name in ("keys", "marks", "counts"):
-            if getattr(self, name) is not None:
-                setattr(view, name, local_components(getattr(self, name))[component])
-        return view
+        return local_view(self, ("keys", "marks", "counts"), component)
 
     def bucket(self, keys: tf.Tensor) -> tf.Tensor:
         """The bucket of each key in its shard's index."""
@@ -221,11 +216,11 @@ class BucketedIndex:
         width, stamp = self.width, tf.cast(now, self.mark_dtype)
         hit = tf.where(held)[:, 0]
         hits = tf.gather(row, hit)  # expired "ttl" keys too: they take their own row back
-        touched = [_tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
+        touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
         if self.policy == "lfu":
             old = read_rows(self.counts, hits)
             total = tf.cast(self._decayed(old, tf.gather(mark, hit), now), tf.int64) + tf.gather(counts, hit)
-            touched.append(_tf(self.counts).scatter_update(tf.IndexedSlices(
+            touched.append(tf_variable(self.counts).scatter_update(tf.IndexedSlices(
                 tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
         new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
@@ -257,10 +252,10 @@ class BucketedIndex:
         evicted = tf.boolean_mask(tf.gather(tf.gather(new_rows, take_group), position, batch_dims=1), previous >= 0)
         new_rows = tf.tensor_scatter_nd_update(new_rows, tf.stack([take_group, position], 1), placed_keys)
         with tf.control_dependencies([evicted]):
-            writes = [_tf(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
-                      _tf(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
+            writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
+                      tf_variable(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
             if self.policy == "lfu":
-                writes.append(_tf(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
+                writes.append(tf_variable(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
                     tf.gather(tf.gather(counts, new), take), _COUNT_MAX), tf.int32), taken)))
         with tf.control_dependencies(writes):
             rows = tf.tensor_scatter_nd_update(tf.where(held, row, _EMPTY), tf.gather(new, take)[:, None], taken)
@@ -327,16 +322,6 @@ def _position(match: tf.Tensor) -> tf.Tensor:
     value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
     byte = tf.cast(tf.math.log(tf.cast(value, tf.float64)) * (1 / np.log(256)) + 0.5, tf.int64)
     return tf.where(value != 0, word * 8 + byte, -1)
-
-
-def _tf(variable: Any) -> Any:
-    """The TensorFlow variable behind a Keras one (or the TensorFlow variable itself).
-
-    Reads go through gathers of it, never through its whole value: once a variable has been
-    scattered into, TensorFlow copies all of it on every read of its value.
-    """
-    value = variable.value
-    return variable if callable(value) else value
 
 
 def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

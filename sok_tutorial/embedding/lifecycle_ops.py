@@ -16,19 +16,12 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import read_rows
+from sok_tutorial.embedding.ops import read_rows, tf_variable
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
 SKETCH_SAMPLE = 10  # the sketch halves after this many counts per row of capacity (TinyLFU's reset)
 _STEP_CLOCK_LIMIT = 2**31 - 2  # a step clock is kept in int32 marks
-
-
-def _v(variable: Any) -> Any:
-    """The TensorFlow variable behind a Keras one (a mirrored one in a replica: that replica's copy),
-    or a tf.Variable itself (one local copy, from `LifecycleState.local`)."""
-    value = variable.value
-    return variable if callable(value) else value
 
 
 def _cells(keys: tf.Tensor, depth: int, width: int) -> tf.Tensor:
@@ -54,9 +47,9 @@ class LifecycleOps:
         A wall clock moves at least 1 ms a lookup, so that no two lookups share a mark (a step tells
         its own rows from the last step's by the mark)."""
         if self.options.wall_clock:
-            clock = _v(self.clock)
+            clock = tf_variable(self.clock)
             return clock.assign(tf.maximum(tf.cast(tf.timestamp() * 1000.0, tf.int64), clock + 1))
-        now = _v(self.clock).assign_add(1)
+        now = tf_variable(self.clock).assign_add(1)
         if self.options.evicts:  # the bucketed index keeps step marks in int32
             check = tf.debugging.Assert(now <= _STEP_CLOCK_LIMIT, [f"{self.name}: the table's step clock passed "
                                                                      f"{_STEP_CLOCK_LIMIT} training lookups"])
@@ -67,21 +60,21 @@ class LifecycleOps:
     def now(self) -> tf.Tensor:
         """The clock an inference lookup judges expiry by: the last training lookup's, or for a wall
         clock the time now, whichever is later."""
-        now = _v(self.clock).read_value()
+        now = tf_variable(self.clock).read_value()
         if self.options.wall_clock:
             now = tf.maximum(now, tf.cast(tf.timestamp() * 1000.0, tf.int64))
         return now
 
     def touch(self, rows: tf.Tensor, now: tf.Tensor) -> list[Any]:
         """Mark `rows` (distinct) seen at `now` (a table without a policy that tracks changes)."""
-        return [_v(self.row_seen).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), now), rows))]
+        return [tf_variable(self.row_seen).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), now), rows))]
 
     def fresh_rows(self, rows: tf.Tensor) -> tf.Tensor | None:
         """Which of `rows` (distinct) went to a new key since an optimizer last updated them, clearing
         the mark; None for a table that never gives a row a second key."""
         if self.row_fresh is None:
             return None
-        fresh = _v(self.row_fresh)
+        fresh = tf_variable(self.row_fresh)
         marked = read_rows(fresh, rows)
         with tf.control_dependencies([marked]):
             cleared = fresh.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
@@ -98,11 +91,11 @@ class LifecycleOps:
         if life.min_count > 1:
             cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
             add = tf.tile(tf.cast(counts, tf.int32)[None], [life.sketch_depth, 1])
-            sketch = _v(self.sketch)
+            sketch = tf_variable(self.sketch)
             counted = sketch.scatter_add(tf.IndexedSlices(tf.reshape(add, [-1]), tf.reshape(cells, [-1])))
             with tf.control_dependencies([counted]):
                 seen = tf.reduce_min(read_rows(sketch, cells), axis=0)
-            added = _v(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
+            added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             with tf.control_dependencies([seen]):
                 halve = added >= SKETCH_SAMPLE * self.capacity
                 halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
@@ -115,25 +108,25 @@ class LifecycleOps:
         return ok
 
     def _halve(self) -> tf.Tensor:
-        sketch = _v(self.sketch)
+        sketch = tf_variable(self.sketch)
         with tf.control_dependencies([sketch.assign(tf.bitwise.right_shift(sketch, 1)),
-                                      _v(self.sketch_added).assign(0)]):
+                                      tf_variable(self.sketch_added).assign(0)]):
             return tf.constant(True)
 
     def _log(self, keys: tf.Tensor, now: tf.Tensor) -> list[Any]:
         """Append evicted `keys` to the ring buffer; remember the newest mark the buffer lets go."""
         size = self.options.eviction_log
-        total, n = _v(self.log_total), tf.size(keys, tf.int64)
+        total, n = tf_variable(self.log_total), tf.size(keys, tf.int64)
         keys, n_kept = keys[-size:], tf.minimum(n, size)
         at = (total + n - n_kept + tf.range(n_kept)) % size
         overwritten = tf.maximum(total + n - size, 0)  # entries [0, overwritten) are gone afterwards
         newest_lost = tf.where(n > size, now, read_rows(self.log_marks, (overwritten - 1) % size))
-        floor = _v(self.log_floor)
+        floor = tf_variable(self.log_floor)
         lost = tf.where(overwritten > 0, tf.maximum(newest_lost, floor), floor)
         with tf.control_dependencies([lost]):
             return [floor.assign(lost),
-                    _v(self.log_keys).scatter_update(tf.IndexedSlices(keys, at)),
-                    _v(self.log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at)),
+                    tf_variable(self.log_keys).scatter_update(tf.IndexedSlices(keys, at)),
+                    tf_variable(self.log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at)),
                     total.assign_add(n)]
 
     def place_bucketed(self, keys: tf.Tensor, counts: tf.Tensor | None, *,
@@ -143,8 +136,8 @@ class LifecycleOps:
         now = self.tick()
         screen = (lambda new, c: self.admit(new, c, now)) if admission and self.options.admits else None
         placed = self.buckets.place(keys, counts, now, screen)
-        ops = [*self._log(placed.evicted, now), _v(self.unplaced).assign_add(placed.unplaced),
-               _v(self.row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
+        ops = [*self._log(placed.evicted, now), tf_variable(self.unplaced).assign_add(placed.unplaced),
+               tf_variable(self.row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
                                                                   placed.new_rows))]
         with tf.control_dependencies(ops):
             return (tf.identity(placed.rows), placed.rows >= 0, tf.identity(placed.new_keys),

@@ -20,7 +20,6 @@ process's first copy; `local` gives the state over any other (a shard of a row-w
 """
 from __future__ import annotations
 
-import copy
 import time
 import warnings
 from typing import Any
@@ -29,7 +28,7 @@ import keras
 import numpy as np
 
 from sok_tutorial.embedding.lifecycle_ops import LifecycleOps
-from sok_tutorial.embedding.ops import local_components
+from sok_tutorial.embedding.ops import local_view
 
 _VARIABLES = ("clock", "row_seen", "row_fresh", "unplaced", "log_keys", "log_marks", "log_total", "log_floor",
               "sketch", "sketch_added")
@@ -78,10 +77,7 @@ class LifecycleState(LifecycleOps):
     def local(self, component: int) -> LifecycleState:
         """This state over one local copy of its variables (a shard of a table sharded over this
         process's replicas; 0 on one device), for the host and for lookups outside ``strategy.run``."""
-        view = copy.copy(self)
-        for name in _VARIABLES:
-            if getattr(self, name) is not None:
-                setattr(view, name, local_components(getattr(self, name))[component])
+        view = local_view(self, _VARIABLES, component)
         if self.buckets is not None:
             view.buckets = self.buckets.local(component)
         return view

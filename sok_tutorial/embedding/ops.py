@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -49,10 +51,27 @@ def inserting(training: Any) -> bool:
     return True  # a tensor: only a training step passes one
 
 
+def tf_variable(variable: Any) -> Any:
+    """The TensorFlow variable behind a Keras one (under a strategy, a distributed variable, which in
+    a replica acts on that replica's copy), or a TensorFlow variable itself."""
+    value = getattr(variable, "value", variable)
+    return variable if callable(value) else value  # (a tf.Variable's `value` is a method)
+
+
 def local_components(variable: Any) -> list[Any]:
     """The per-device tf.Variables of this process behind a (possibly mirrored) variable."""
-    value = getattr(variable, "value", variable)
+    value = tf_variable(variable)
     return list(getattr(value, "values", None) or [value])
+
+
+def local_view(obj: Any, names: Sequence[str], component: int) -> Any:
+    """A shallow copy of `obj` whose variable attributes `names` (those not None) are their local
+    copy `component` (`local_components`): one shard's state, on the host or outside its replicas."""
+    view = copy.copy(obj)
+    for name in names:
+        if getattr(obj, name) is not None:
+            setattr(view, name, local_components(getattr(obj, name))[component])
+    return view
 
 
 def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
@@ -92,8 +111,7 @@ def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
 def _local(variable: Any) -> Any:
     """The TensorFlow variable behind a Keras one; in a replica, a distributed variable's copy on
     that replica (one of this process's copies, ``values``)."""
-    value = getattr(variable, "value", variable)
-    variable = variable if callable(value) else value
+    variable = tf_variable(variable)
     copies = getattr(variable, "values", None)
     context = tf.distribute.get_replica_context()
     if not copies or context is None:
