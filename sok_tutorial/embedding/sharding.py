@@ -143,12 +143,12 @@ class ShardedTable(EmbeddingTable):
         if self.lifecycle.active:  # a shard's state per replica; row-wise, a bucketed index routes keys by bucket
             shards = self.num_shards if self.sharding == "row" else 1  # table-wise: a slot's table is one shard
             self.state = LifecycleState(self.name, self.lifecycle, self.capacity, shards=shards)
-        sizes = self._slot_sizes()
+        sizes = self.slot_sizes or [1] * self.slot_num
         if self.sharding == "table" and len(sizes) != self.slot_num:
             raise ValueError(f"{self.name}: slot_sizes has {len(sizes)} entries, slot_num={self.slot_num}")
         self.layout = layout_of(self.sharding, self.num_shards, dim=self.dim, slot_sizes=sizes)
         if self.sharding == "table":
-            self.owners, load = self.layout.owners(sum(sizes))
+            self.owners, load = self.layout.owners(sum(sizes))  # (sizes given: the rows are not read)
             if self.slot_sizes and max(load) > self.capacity:
                 raise ValueError(f"{self.name}: table-wise placement puts {max(load):,} rows on one replica, "
                                  f"more than max_vocabulary_size_per_gpu={self.capacity:,}")
@@ -161,16 +161,13 @@ class ShardedTable(EmbeddingTable):
             for shard, component in zip(self.local_shards, local_components(self.variable)):
                 component.assign(tf.cast(self.initial_values(rows * self.num_shards + shard), component.dtype))
 
-    def _slot_sizes(self) -> list[int]:
-        return self.slot_sizes or [1] * self.slot_num
-
     def owner_of(self, keys: tf.Tensor, slots: tf.Tensor | None) -> tf.Tensor:
         """The replica holding each key: row-wise ``key mod N``, or with an eviction policy the shard
         of the key's bucket (`sok_tutorial.embedding.buckets.BucketedIndex.owner_of`); table-wise
         the replica of its slot."""
         if self.sharding == "row":
             return self.layout.group_of(keys, self.buckets if self.lifecycle.evicts else None)
-        return self.layout.owner_of(slots, sum(self._slot_sizes()))
+        return self.layout.owner_of(slots)
 
     def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool, component: int | None = None,
                     counts: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -307,7 +304,7 @@ class ShardedTable(EmbeddingTable):
                 raise ValueError(f"{self.name}: the checkpoint does not say which of the {len(self.owners)} slots "
                                  "each key belongs to; a table-wise table restores from checkpoints of table-wise "
                                  "tables only")
-            owners = self.layout.owner_of_np(key_slots, sum(self._slot_sizes()))
+            owners = self.layout.owner_of_np(key_slots)
         owned = {shard: np.flatnonzero(owners == shard) for shard in self.local_shards}
         for shard, part in owned.items():  # (a shard that evicts takes any number: `restore` keeps the newest)
             if self.indexed and not self.lifecycle.evicts and len(part) > self.capacity:

@@ -40,18 +40,20 @@ class TableWise(Layout):
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
 
     def owners(self, rows: int) -> tuple[list[int], list[int]]:
-        """(replica of each slot, rows each replica stores) for a layer of `rows` rows."""
+        """(replica of each slot, rows each replica stores) for a layer of `rows` rows (used only
+        when the layout was given no `slot_sizes`: one slot of `rows` rows)."""
         return plan_table_wise(self.slot_sizes or [rows], self.num_replicas)
 
-    def owner_of(self, slots: Any, rows: int) -> Any:
-        """The replica holding each key, from its slot (an int64 tensor), for a layer of `rows` rows."""
+    def owner_of(self, slots: Any) -> Any:
+        """The replica holding each key, from its slot (an int64 tensor; the layout's `slot_sizes`
+        are known)."""
         import tensorflow as tf
 
-        return tf.gather(tf.constant(self.owners(rows)[0], tf.int64), slots)
+        return tf.gather(tf.constant(self.owners(0)[0], tf.int64), slots)
 
-    def owner_of_np(self, slots: np.ndarray, rows: int) -> np.ndarray:
+    def owner_of_np(self, slots: np.ndarray) -> np.ndarray:
         """NumPy twin of `owner_of`."""
-        return np.asarray(self.owners(rows)[0], np.int64)[slots]
+        return np.asarray(self.owners(0)[0], np.int64)[slots]
 
     def rows_per_replica(self, rows: int) -> int:
         return max(self.owners(rows)[1])
