@@ -1,6 +1,7 @@
 """sok_tutorial: huge-embedding recommender training on TensorFlow 2 / Keras 3, on any machine.
 
-Public names follow the systems users come from (SOK, NVTabular, HugeCTR). They resolve lazily:
+Public names follow the systems users come from (SOK, NVTabular, HugeCTR; Keras-RS's configuration
+through `from_keras_rs`). They resolve lazily:
 ``import sok_tutorial`` is instant, and TensorFlow loads only when a TF-facing name is first used.
 """
 from sok_tutorial._lazy import lazy_getattr
@@ -16,6 +17,7 @@ _NAMES: dict[str, str] = {
     "split_embedding_variable_from_others": "sok_tutorial.embedding",
     "OptimizerScope": "sok_tutorial.embedding",
     "group_embedding_lookup_sparse": "sok_tutorial.embedding",
+    "from_keras_rs": "sok_tutorial.embedding.keras_rs",
     "Init": "sok_tutorial.distribute",
     "replica_devices": "sok_tutorial.distribute",
     "make_strategy": "sok_tutorial.distribute",
