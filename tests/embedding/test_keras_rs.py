@@ -167,7 +167,8 @@ def test_model_fit_trains_each_table_with_its_own_optimizer():
                                "friends": FeatureConfig("friends", users, (B, 5), (B, 3))})
         inputs = {k: keras.Input(v.shape[1:], dtype="int64", name=k) for k, v in x.items()}
         out = layer(inputs)
-        return layer, keras.Model(inputs, keras.layers.Dense(1)(keras.ops.concatenate([out["item"], out["friends"]], 1)))
+        head = keras.layers.Dense(1)
+        return layer, keras.Model(inputs, head(keras.ops.concatenate([out["item"], out["friends"]], 1)))
 
     layer, m = model()
     m.compile(optimizer=sok.optimizers.Adam(0.01), loss="mse")
@@ -242,7 +243,8 @@ def test_our_options_dynamic_forgetting_tables_deltas_and_bfloat16(tmp_path):
     items = TableConfig("items", 50, 4, optimizer="sgd")
     layer = from_keras_rs({"user": FeatureConfig("user", users, (16,), (16, 4)),
                            "item": FeatureConfig("item", items, (16,), (16, 4))},
-                          dynamic=True, capacity=64, eviction_policy="lru", tables={"items": {"storage_dtype": "bfloat16"}})
+                          dynamic=True, capacity=64, eviction_policy="lru",
+                          tables={"items": {"storage_dtype": "bfloat16"}})
     model = Ranker(layer)
     model.compile(optimizer=sok.optimizers.SGD(0.1), loss="mse")
     rng = np.random.default_rng(6)
@@ -309,7 +311,8 @@ def test_a_combiner_or_initializer_without_an_equivalent():
 
 def test_input_shapes_that_do_not_match_the_declared_ones():
     items = TableConfig("items", 10, 2)
-    layer = from_keras_rs({"a": FeatureConfig("a", items, (4,), (4, 2)), "b": FeatureConfig("b", items, (4, 5), (4, 2))})
+    layer = from_keras_rs({"a": FeatureConfig("a", items, (4,), (4, 2)),
+                           "b": FeatureConfig("b", items, (4, 5), (4, 2))})
     with pytest.raises(ValueError, match=r"feature 'b' \(at b\): ids of shape \(4, 3\) do not match its input_shape"):
         layer({"a": tf.constant([1, 2, 3, 4]), "b": tf.zeros([4, 3], tf.int64)})
     assert not layer.built  # nothing half-made
