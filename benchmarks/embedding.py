@@ -42,7 +42,14 @@ Group ``precision`` (``benchmarks/_precision.py``): the torchrec_shape workload 
 bfloat16 and float16 tables (``storage_dtype``), SGD and Adam, bytes per row and samples/s side
 by side; ``embedding_precision.json``.
 
-    python benchmarks/embedding.py [--quick] [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision]
+Group ``keras_rs`` (``benchmarks/_keras_rs.py``): 26 features, batch 8192, tables of 100k and
+400k rows configured with Keras-RS's ``TableConfig`` / ``FeatureConfig`` (Adam): our layer built by
+``from_keras_rs`` (sparse Adam per table) against ``keras_rs.layers.DistributedEmbedding`` on CPU
+(Keras' Adam, dense); samples/s and the ratio (goals: 3x at 100k rows, 10x at 400k);
+``embedding_keras_rs.json``.
+
+    python benchmarks/embedding.py [--quick]
+                                   [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision|keras_rs]
                                    [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
@@ -59,13 +66,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench, _eviction, _memory, _precision, _tables  # noqa: E402
+from benchmarks import _bench, _eviction, _keras_rs, _memory, _precision, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
 TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
-GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision")
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs")
 
 
 def draw_keys(rng, rows: int, shape: tuple, keys: str):
@@ -184,6 +191,8 @@ def child(argv: list[str]) -> None:
         result = _precision.train(parts[1], steps, quick=parts[-1] == "quick")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
+    elif case.startswith("keras_rs:"):  # keras_rs:<ours|keras_rs>
+        result = _keras_rs.train(case.split(":")[1], rows, steps)
     else:
         result = gather_ceiling(rows, keys) if case == "ceiling" else run_case(case, rows, steps, keys)
     print("RESULT " + json.dumps(result))
@@ -304,6 +313,8 @@ def main() -> None:
         _bench.report("embedding_memory", rows, args.out, notes=notes)
     if "precision" in groups:
         precision(args, run)
+    if "keras_rs" in groups:
+        keras_rs(args, run)
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
@@ -382,6 +393,20 @@ def precision(args: Any, run: Any) -> None:
     rows = _precision.report(results)
     _bench.report("embedding_precision", rows, args.out,
                   notes={"workload": _precision.__doc__.split("\n\n")[1].replace("\n", " ")})
+
+
+def keras_rs(args: Any, run: Any) -> None:
+    """The keras_rs group (`benchmarks._keras_rs`): our layer from Keras-RS's configuration against Keras-RS's."""
+    steps = args.steps or (3 if args.quick else _keras_rs.STEPS)
+    results: dict[tuple[str, int], list] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for rows in _keras_rs.ROWS:
+            for case in _keras_rs.CASES:
+                results.setdefault((case, rows), []).append(run(f"keras_rs:{case}", rows, steps, ""))
+    rows, notes = _keras_rs.report(results)
+    _bench.report("embedding_keras_rs", rows, args.out, notes=notes)
+    for name, g in notes["goals"].items():
+        print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
 
 
 if __name__ == "__main__":
