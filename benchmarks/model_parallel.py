@@ -13,7 +13,7 @@ batches everywhere; N logical CPU devices where there are no GPUs):
     replicated           a full copy per replica, embedding gradients all-reduced (all-gathered)
 
 ``exchange_mib_per_step``: bytes one replica receives per step for the embedding (keys, slot
-ids, positions, vectors forward, gradients backward), counted from the shapes of the collectives
+ids, vectors forward, gradients backward), counted from the shapes of the collectives
 the layer issues with ring algorithms (dense-layer all-reduce, equal in every case, left out).
 ``table_mib_per_replica``: the table plus its optimizer slots stored by one replica, measured from
 the shapes of its variables (with a dynamic table's key index, replicated by column-wise tables);

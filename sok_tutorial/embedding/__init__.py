@@ -2,9 +2,7 @@
 with SOK's API on top of them, their memory-saving variants (`QREmbedding`,
 `MixedDimensionEmbedding`), grouped lookups, and `plan`, which places every table within a
 per-replica memory budget."""
-from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.compositional import QREmbedding
-from sok_tutorial.embedding.grid_sharding import GridShardedTable
 from sok_tutorial.embedding.index import VocabularyExhausted
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values
 from sok_tutorial.embedding.layers import All2AllDenseEmbedding, DistributedEmbedding
@@ -24,9 +22,9 @@ from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
-__all__ = ["All2AllDenseEmbedding", "ColumnShardedTable", "DistributedEmbedding", "EmbeddingTable",
-           "GridShardedTable", "KeyedInitializer", "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError",
-           "QREmbedding", "ShardedTable", "TableSpec", "UniqueRowsGradient", "VocabularyExhausted",
-           "column_slices", "exchange_bytes", "frequency_order", "grid_shape", "group_embedding_lookup_sparse",
-           "keyed_initial_values", "mixed_dimensions", "plan", "plan_table_wise", "replica_bytes",
-           "rows_per_replica", "split_embedding_variable_from_others", "table_of", "tables_of"]
+__all__ = ["All2AllDenseEmbedding", "DistributedEmbedding", "EmbeddingTable", "KeyedInitializer",
+           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "PlanError", "QREmbedding", "ShardedTable",
+           "TableSpec", "UniqueRowsGradient", "VocabularyExhausted", "column_slices", "exchange_bytes",
+           "frequency_order", "grid_shape", "group_embedding_lookup_sparse", "keyed_initial_values",
+           "mixed_dimensions", "plan", "plan_table_wise", "replica_bytes", "rows_per_replica",
+           "split_embedding_variable_from_others", "table_of", "tables_of"]

@@ -4,7 +4,7 @@
 Each layer holds one `EmbeddingTable` (``layer.table``; a `ShardedTable` when it is built with
 ``sharding="row"``, ``"table"``, ``"column"`` or ``"row_column"`` under a strategy of several
 replicas; ``column_shards`` sets the grid of ``"row_column"``, see
-`sok_tutorial.embedding.grid_sharding`) and does what SOK's layers do around it: check and
+`sok_tutorial.embedding.layouts`) and does what SOK's layers do around it: check and
 flatten the keys, ask the table for their vectors, combine them per slot.
 ``layer.embedding_variable`` is the table's variable (SOK's name). The layers work in
 ``model.fit``, custom loops, ``tf.function`` and under ``tf.distribute``, and the table's
@@ -32,7 +32,6 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import lifecycle, precision
-from sok_tutorial.embedding.column_sharding import ColumnShardedTable
 from sok_tutorial.embedding.combiners import (
     COMBINERS,
     SEQUENCE_OUTPUTS,
@@ -43,8 +42,8 @@ from sok_tutorial.embedding.combiners import (
     sequence,
     weigh,
 )
-from sok_tutorial.embedding.grid_sharding import GridShardedTable
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
+from sok_tutorial.embedding.layouts import layout_of
 from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
 from sok_tutorial.embedding.sharding import ShardedTable
@@ -82,11 +81,10 @@ class _EmbeddingBase(keras.layers.Layer):
             common = {"dynamic": self.use_hashtable, "initializer": self.init, "name": self.name,
                       "optimizer": self.table_optimizer, **self.table_options}
             if self.sharding != "replicated" and tf.distribute.get_strategy().num_replicas_in_sync > 1:
-                kind = {"column": ColumnShardedTable, "row_column": GridShardedTable}.get(self.sharding, ShardedTable)
-                grid = {"column_shards": self.column_shards} if self.sharding == "row_column" else {}
-                self.table = kind(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
-                                  sharding=self.sharding, exchange=self.exchange, slot_num=getattr(self, "slot_num", 1),
-                                  slot_sizes=self.slot_sizes, **grid, **common)
+                self.table = ShardedTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size,
+                                          sharding=self.sharding, exchange=self.exchange,
+                                          slot_num=getattr(self, "slot_num", 1), slot_sizes=self.slot_sizes,
+                                          column_shards=self.column_shards, **common)
             else:
                 self.table = EmbeddingTable(self.max_vocabulary_size_per_gpu, self.embedding_vec_size, **common)
             self.table.build()
@@ -116,8 +114,8 @@ class _EmbeddingBase(keras.layers.Layer):
         """Vectors of flat keys; `slots` (a callable) gives each key's slot, for table-wise shards."""
         if not self.built:
             self.build()
-        table_wise = self.sharding == "table" and isinstance(self.table, ShardedTable)
-        return self.table.lookup(flat_keys, training, slots=slots() if table_wise and slots is not None else None)
+        routed = isinstance(self.table, ShardedTable) and self.table.needs_slots
+        return self.table.lookup(flat_keys, training, slots=slots() if routed and slots is not None else None)
 
     def _check_keys(self, keys: Any) -> tf.Tensor:
         dtype = keys.dtype if hasattr(keys, "dtype") else None
@@ -311,8 +309,8 @@ class All2AllDenseEmbedding(_EmbeddingBase):
                 raise ValueError(f"{self.name}: keys have shape {keys.shape.as_list()}, expected "
                                  f"[batch, {expected[0]}, {expected[1]}] (slot_num, nnz_per_slot)")
         flat = tf.reshape(keys, [-1])
-        if self.dynamic_input and self.sharding == "table":
-            raise ValueError(f"{self.name}: sharding='table' places slots, so keys must be "
+        if self.dynamic_input and layout_of(self.sharding, 1).needs_slots:
+            raise ValueError(f"{self.name}: sharding={self.sharding!r} places slots, so keys must be "
                              "[batch, slot_num, nnz_per_slot] (dynamic_input=False)")
         vectors = self._vectors(flat, training, slots=lambda: _slot_ids(keys))
         shape = tf.concat([tf.shape(keys, out_type=tf.int64), [self.embedding_vec_size]], 0)

@@ -95,7 +95,7 @@ def _lookup(param: Any, keys: tf.Tensor, slots: tf.Tensor | None, name: str) -> 
         if not param.built:  # (under a strategy, build layers in its scope before strategy.run)
             param.build()
         table = getattr(param, "table", param)
-        if isinstance(table, ShardedTable) and table.sharding == "table":
+        if isinstance(table, ShardedTable) and table.needs_slots:
             if slots is None and table.slot_num > 1:
                 raise ValueError(f"{name}: layer {table.name!r} places its {table.slot_num} slots table-wise, so "
                                  f"each key's slot decides its replica; pass its keys as a tf.RaggedTensor "

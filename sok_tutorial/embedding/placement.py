@@ -2,9 +2,8 @@
 layers offer, rows per replica, bytes exchanged per step (`exchange_bytes`, the table in
 `sok_tutorial.embedding.sharding`'s docstring) and the bytes a replica holds (`replica_bytes`).
 The layouts themselves (`sok_tutorial.embedding.layouts`: column slices, the grid of
-``"row_column"``, the table-wise placement of slots) are re-exported here. `ShardedTable`,
-`ColumnShardedTable` and `GridShardedTable` build what these count; `sok_tutorial.embedding.planner`
-prices placements with them.
+``"row_column"``, the table-wise placement of slots) are re-exported here. `ShardedTable`
+builds what these count; `sok_tutorial.embedding.planner` prices placements with them.
 """
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim:
 
     Example:
         >>> exchange_bytes("row", 2, 1000, 16), exchange_bytes("replicated", 2, 1000, 16)
-        (144008, 72000)
+        (136008, 72000)
         >>> exchange_bytes("column", 2, 1000, 16)
         136008
         >>> exchange_bytes("row_column", 4, 1000, 16), exchange_bytes("row_column", 4, 1000, 16, column_shards=4)

@@ -37,13 +37,13 @@ Example:
     ...           TableSpec("genres", rows=20, dim=16, ids_per_sample=3)]
     >>> p = plan(tables, num_replicas=4, memory_per_replica=512 << 20, global_batch=8192)
     >>> [(t.name, t.sharding, t.storage_dtype) for t in p]
-    [('items', 'column', 'float32'), ('users', 'column', 'float32'), ('genres', 'replicated', 'float32')]
+    [('items', 'row', 'float32'), ('users', 'row', 'float32'), ('genres', 'replicated', 'float32')]
     >>> print(str(p).splitlines()[2])
-    items            column     float32      2,000,000       366.21     3120.0    0.159
+    items            row        float32        500,000       366.21     3120.0    0.159
     >>> p["items"].layer_kwargs()
-    {'max_vocabulary_size_per_gpu': 2000000, 'sharding': 'column', 'storage_dtype': 'float32'}
-    >>> plan(tables, 4, 512 << 20, global_batch=8192, shardings=("replicated", "row"))["items"].rows_per_replica
-    500000
+    {'max_vocabulary_size_per_gpu': 500000, 'sharding': 'row', 'storage_dtype': 'float32'}
+    >>> plan(tables, 4, 512 << 20, global_batch=8192, shardings=("replicated", "column"))["items"].rows_per_replica
+    2000000
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import sok_tutorial as sok
-from sok_tutorial.embedding import ColumnShardedTable, exchange_bytes, replica_bytes
+from sok_tutorial.embedding import ShardedTable, exchange_bytes, replica_bytes
 from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.training import load_checkpoint, save_checkpoint
 from tests.distribute._small_model import DIM, small_data, small_model
@@ -26,7 +26,7 @@ def _fit(strategy, sharding: str, dynamic: bool, optimizer: str) -> tuple:
 def test_column_sharded_table_trains_like_one_device(strategy_of, n, dynamic, optimizer):
     loss_1, rows_1, _, _ = _fit(strategy_of(1), "replicated", dynamic, optimizer)
     loss_n, rows_n, layer, _ = _fit(strategy_of(n), "column", dynamic, optimizer)
-    assert isinstance(layer.table, ColumnShardedTable) and layer.table.widths == sok.column_slices(DIM, n)
+    assert isinstance(layer.table, ShardedTable) and layer.table.slices.widths == sok.column_slices(DIM, n)
     np.testing.assert_allclose(loss_n, loss_1, rtol=1e-5)
     order_1, order_n = np.argsort(rows_1["keys"]), np.argsort(rows_n["keys"])
     np.testing.assert_array_equal(rows_n["keys"][order_n], rows_1["keys"][order_1])
@@ -83,7 +83,7 @@ def test_memory_and_exchange_of_a_column_sharded_table(strategy_of):
         static = sok.DistributedEmbedding("sum", 1000, 10, slot_num=1, max_nnz=1, sharding="column",
                                           use_hashtable=False)
         static.build()
-    assert static.table.widths == [3, 3, 2, 2] and static.capacity == 1000
+    assert static.table.slices.widths == [3, 3, 2, 2] and static.capacity == 1000
     assert replica_bytes([static]) == 1000 * 3 * 4  # capacity x ceil(d / N) x 4
     n, k, d = 4, 1000, 10
     assert exchange_bytes("column", n, k, d) == (n - 1) * 8 + (n - 1) * k * 8 + (n - 1) * n * k * 3 * 4 \

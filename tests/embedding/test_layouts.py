@@ -60,5 +60,5 @@ def test_a_layout_says_which_replica_holds_a_key():
     assert layout_of("row_column", 4, dim=8).group_of(keys).numpy().tolist() == [0, 1, 0, 1, 0, 1]  # 2 x 2
     assert layout_of("column", 4, dim=8).group_of_np(keys.numpy()).tolist() == [0] * 6  # one row group
     table_wise = layout_of("table", 2, slot_sizes=[100, 10, 60, 50])
-    assert table_wise.owner_of(tf.constant([0, 1, 2, 3], tf.int64)).numpy().tolist() == [0, 0, 1, 1]
-    assert table_wise.owner_of_np(np.array([3, 2])).tolist() == [1, 1]
+    assert table_wise.group_of(None, tf.constant([0, 1, 2, 3], tf.int64)).numpy().tolist() == [0, 0, 1, 1]
+    assert table_wise.group_of_np(None, np.array([3, 2])).tolist() == [1, 1]

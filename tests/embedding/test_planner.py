@@ -55,13 +55,16 @@ def test_a_grid_s_estimated_bytes_are_the_bytes_its_layer_holds(strategy_of, dty
         layer.build()
         opt = OPTIMIZERS[optimizer]()
         opt.build(layer.trainable_variables)
-    assert layer.table.grid == (2, 2) and replica_bytes([layer], opt) == placement.bytes_per_replica
+    layout = layer.table.layout
+    assert (layout.rows, layout.columns) == (2, 2) and replica_bytes([layer], opt) == placement.bytes_per_replica
 
 
-def test_the_planner_takes_a_grid_where_it_moves_and_touches_the_least():
+def test_the_planner_takes_a_grid_where_it_moves_less_than_column_wise_and_row_wise_where_allowed():
     wide = TableSpec("wide", rows=100_000, dim=10)  # column-wise on 4: 3 + 3 + 2 + 2 columns, 12 moved per key
-    chosen = plan([wide], 4, 1 << 30, global_batch=4096, shardings=("row", "column", "row_column"))["wide"]
-    assert chosen.sharding == "row_column" and chosen.layer_kwargs()["column_shards"] == 2
+    chosen = plan([wide], 4, 1 << 30, global_batch=4096, shardings=("column", "row_column"))["wide"]
+    assert chosen.sharding == "row_column" and chosen.layer_kwargs()["column_shards"] == 2  # 2 x 5: 10 per key
+    # row-wise moves no more (10 per key) and keeps a smaller key index per replica than a grid
+    assert plan([wide], 4, 1 << 30, global_batch=4096, shardings=("row", "row_column"))["wide"].sharding == "row"
     assert plan([wide], 2, 1 << 30, global_batch=4096, shardings=("row_column", "row"))["wide"].sharding == "row"
 
 

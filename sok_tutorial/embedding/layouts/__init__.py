@@ -11,15 +11,17 @@ Three layouts cover the five ``sharding=`` names the layers take:
 
 `layout_of` maps a name to its layout. The planner (`sok_tutorial.embedding.planner`) prices
 a placement from these objects, `sok_tutorial.embedding.placement.exchange_bytes` is theirs,
-and the sharded tables read their grid, column slices and table-wise owners from them. A new
-layout is one new module here, registered in `LAYOUTS`.
+and `sok_tutorial.embedding.sharding.ShardedTable` composes one: its row groups, column slices
+and each key's group (`Layout.group_of`) are all the table's lookup, export and restore need
+(`sok_tutorial.embedding.routing`). A new layout is one new module here, registered in
+`LAYOUTS`.
 
 Example:
     >>> grid = layout_of("row_column", 4, dim=16)
     >>> (grid.rows, grid.columns), grid.rows_per_replica(1000), grid.width(16)
     ((2, 2), 500, 8)
     >>> [layout_of(name, 2, dim=16).exchange_bytes(1000, 16) for name in ("row", "replicated")]
-    [144008, 72000]
+    [136008, 72000]
 """
 from __future__ import annotations
 

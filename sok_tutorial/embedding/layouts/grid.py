@@ -1,10 +1,22 @@
 """`Grid`: rows split over R row groups, columns over C column groups, ``R * C = N`` replicas.
 
 Row-wise is ``Grid(N, N, 1)`` (key ``k``, or with an eviction policy its bucket, on replica
-``k mod N``), column-wise ``Grid(N, 1, N)`` (every row, a slice of the width on each replica),
-and ``"row_column"`` any grid between (`grid_shape`). Replica ``r`` is in row group ``r // C``
-and column group ``r % C``; it holds ``ceil(rows / R)`` rows of ``column_slices(dim, C)[r % C]``
-columns (padded to the widest), and the C replicas of a row group keep the same key index.
+``k mod N``; SOK's "distributed"), column-wise ``Grid(N, 1, N)`` (every row, a slice of the width
+on each replica; TorchRec's CW) and ``"row_column"`` any grid between (TorchRec's RW x CW;
+`grid_shape`). Replica ``r`` is in row group ``i = r // C`` and column group ``j = r % C``: it
+holds the keys ``k`` with ``k mod R == i`` (a static table: row ``k // R``) and of them the
+columns ``column_slices(dim, C)[j]``, padded to the widest slice (the padding is never read out
+and gets no gradient). 4 replicas as 2 x 2, a table of width 6::
+
+    replica    0          1          2          3
+    keys       k mod 2=0  k mod 2=0  k mod 2=1  k mod 2=1
+    columns    0 1 2      3 4 5      0 1 2      3 4 5
+
+The C replicas of a row group insert the same keys in the same order, so their key indexes are
+equal (column-wise, every replica keeps the whole index, as one device would); the R groups'
+indexes are disjoint. Optimizer slots follow the slice, as each optimizer's `SlotLayout`
+declares; a per-row slot that mixes columns (`RowWiseAdagrad`'s accumulator) is refused when
+``C > 1`` (each replica would keep its own, so training would not match one device).
 """
 from __future__ import annotations
 
@@ -14,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from kernels import checks
-from sok_tutorial.embedding.layouts.base import FLOAT_BYTES, Layout
+from sok_tutorial.embedding.layouts.base import Layout
 
 
 def column_slices(dim: int, num_replicas: int) -> list[int]:
@@ -67,8 +79,7 @@ def grid_shape(num_replicas: int, dim: int, column_shards: int | None = None) ->
 
 class Grid(Layout):
     """`num_replicas` replicas as `rows` row groups x `columns` column groups (module docstring);
-    `name`: the ``sharding=`` it stands for (``"row"`` exchanges owned vectors with their
-    positions, the others each replica's slices of its row group's keys)."""
+    `name`: the ``sharding=`` it stands for."""
 
     def __init__(self, num_replicas: int, rows: int, columns: int, *, name: str = "row_column"):
         super().__init__(num_replicas)
@@ -79,11 +90,7 @@ class Grid(Layout):
     def rows_per_replica(self, rows: int) -> int:
         return math.ceil(rows / self.rows)
 
-    def width(self, dim: int) -> int:
-        return column_slices(dim, self.columns)[0]
-
     def widths(self, dim: int) -> list[int]:
-        """The width of each column group's slice."""
         return column_slices(dim, self.columns)
 
     def touched_rows(self, keys_per_replica: int) -> int:
@@ -98,23 +105,15 @@ class Grid(Layout):
             return "its optimizer keeps state per row that mixes the columns"
         return None
 
-    def group_of(self, keys: Any, buckets: Any = None) -> Any:
-        """The row group holding each int64 key (a tensor): ``key mod R``, or with a bucketed index
-        spread over the row groups (a table with an eviction policy) the group of its bucket."""
+    def group_of(self, keys: Any, slots: Any = None, buckets: Any = None) -> Any:
+        """``key mod R``, or with a bucketed index spread over the row groups (a table with an
+        eviction policy) the group of the key's bucket (`BucketedIndex.owner_of`)."""
         import tensorflow as tf
 
         return buckets.owner_of(keys) if buckets is not None else tf.math.floormod(keys, self.rows)
 
-    def group_of_np(self, keys: np.ndarray, buckets: Any = None) -> np.ndarray:
-        """NumPy twin of `group_of`."""
+    def group_of_np(self, keys: np.ndarray, slots: np.ndarray | None = None, buckets: Any = None) -> np.ndarray:
         return buckets.owner_of_np(keys) if buckets is not None else np.mod(keys, self.rows)
-
-    def _forward_bytes(self, others: int, dim: int, exchange: str) -> int:
-        if self.name == "row":
-            return super()._forward_bytes(others, dim, exchange)
-        if exchange == "all_gather":  # each replica sends its row group's C*K keys' slices: no positions
-            return others * self.columns * math.ceil(dim / self.columns) * FLOAT_BYTES
-        return 2 * others * dim * FLOAT_BYTES  # ring all-reduce of [N*K, dim] holding each replica's part
 
     def __repr__(self) -> str:
         return f"Grid({self.num_replicas}, {self.rows}, {self.columns})"

@@ -29,14 +29,20 @@ def plan_table_wise(slot_sizes: Sequence[int], num_replicas: int) -> tuple[list[
 
 
 class TableWise(Layout):
-    """Slots of sizes `slot_sizes` over `num_replicas` replicas (`plan_table_wise`); each row also
-    records its slot (8 bytes), so a checkpoint can place it again, and a lookup sends each key's
-    slot id with it."""
+    """Slots of sizes `slot_sizes` over `num_replicas` replicas (`plan_table_wise`): every replica
+    is a row group of its own (``rows = N``), and a key's group is its slot's replica, so the
+    lookup sends each key's slot id with it; each row also records its slot (8 bytes), so a
+    checkpoint can place it again. A table with an eviction policy keeps each replica's slots in
+    buckets of their own (`bucket_shards` is 1): it keeps the keys one device would while no bucket
+    overflows."""
 
     name = "table"
+    columns = 1
+    needs_slots = True
 
     def __init__(self, num_replicas: int, slot_sizes: Sequence[int] | None = None):
         super().__init__(num_replicas)
+        self.rows = self.num_replicas
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
 
     def owners(self, rows: int) -> tuple[list[int], list[int]]:
@@ -44,19 +50,28 @@ class TableWise(Layout):
         when the layout was given no `slot_sizes`: one slot of `rows` rows)."""
         return plan_table_wise(self.slot_sizes or [rows], self.num_replicas)
 
-    def owner_of(self, slots: Any) -> Any:
-        """The replica holding each key, from its slot (an int64 tensor; the layout's `slot_sizes`
-        are known)."""
+    @property
+    def bucket_shards(self) -> int:
+        return 1
+
+    def group_of(self, keys: Any, slots: Any = None, buckets: Any = None) -> Any:
+        """The replica of each key's slot (`slots`, an int64 tensor)."""
         import tensorflow as tf
 
         return tf.gather(tf.constant(self.owners(0)[0], tf.int64), slots)
 
-    def owner_of_np(self, slots: np.ndarray) -> np.ndarray:
-        """NumPy twin of `owner_of`."""
+    def group_of_np(self, keys: np.ndarray, slots: np.ndarray | None = None, buckets: Any = None) -> np.ndarray:
         return np.asarray(self.owners(0)[0], np.int64)[slots]
 
     def rows_per_replica(self, rows: int) -> int:
         return max(self.owners(rows)[1])
+
+    def overfills(self, capacity: int) -> str | None:
+        load = max(self.owners(0)[1]) if self.slot_sizes else 0
+        if load > capacity:
+            return (f"table-wise placement puts {load:,} rows on one replica, more than "
+                    f"max_vocabulary_size_per_gpu={capacity:,}")
+        return None
 
     def always_indexed(self) -> bool:
         return True
