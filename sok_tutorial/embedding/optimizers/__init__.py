@@ -20,10 +20,12 @@ one optimizer serves a whole model, in ``model.fit`` and under ``tf.distribute``
 * `RowWiseAdagrad`: TorchRec's row-wise Adagrad, one accumulator scalar per table row (1 float
   of state per row instead of ``dim``); plain Adagrad for other variables.
 
-Each optimizer is one module of this package (`sgd`, `adam`, `adagrad`, `ftrl`), built on
-`base.SparseOptimizer`, and declares its slot layout there (`SlotLayout`: floats per element and
-per row of a table, and whether column sharding can split them), which the planner and column
-sharding read (`slot_layout`). ``sok_tutorial.optimizers`` (``sok.optimizers``) re-exports them.
+Each optimizer family is one module of this package (`sgd`, `adam`, `adagrad`, `ftrl`), built
+on `base.SparseOptimizer`, and declares its slot layout there (`SlotLayout`: floats per element
+and per row of a table, and whether column sharding can split them), which the planner and column
+sharding read (`slot_layout`). The package finds its modules' optimizers itself (`OPTIMIZERS`),
+and ``sok_tutorial.optimizers`` (``sok.optimizers``) re-exports them, so a new optimizer is one
+new module here and nothing else.
 
 A table may have its own optimizer (``EmbeddingTable(..., optimizer=Ftrl(...))`` or the SOK
 layers' ``optimizer=``): the model's optimizer, any of these, hands that table's gradients to it
@@ -49,12 +51,26 @@ Example:
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 import tensorflow as tf  # noqa: F401  (the examples above use it)
 
-from sok_tutorial.embedding.optimizers.adagrad import Adagrad, RowWiseAdagrad
-from sok_tutorial.embedding.optimizers.adam import Adam, LazyAdam
-from sok_tutorial.embedding.optimizers.base import LAYOUTS, SlotLayout, slot_layout
-from sok_tutorial.embedding.optimizers.ftrl import Ftrl
-from sok_tutorial.embedding.optimizers.sgd import SGD
+from sok_tutorial.embedding.optimizers.base import LAYOUTS, SlotLayout, SparseOptimizer, slot_layout
 
-__all__ = ["SGD", "Adagrad", "Adam", "LazyAdam", "Ftrl", "RowWiseAdagrad", "SlotLayout", "slot_layout", "LAYOUTS"]
+
+def _discover() -> dict[str, type]:
+    """Every `SparseOptimizer` defined in this package's modules, by class name."""
+    found: dict[str, type] = {}
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found.update({name: value for name, value in vars(module).items() if isinstance(value, type)
+                      and issubclass(value, SparseOptimizer) and value is not SparseOptimizer
+                      and value.__module__ == module.__name__})
+    return found
+
+
+OPTIMIZERS: dict[str, type] = _discover()  # e.g. "Adam" -> Adam
+globals().update(OPTIMIZERS)
+
+__all__ = [*sorted(OPTIMIZERS), "OPTIMIZERS", "LAYOUTS", "SlotLayout", "slot_layout"]
