@@ -14,7 +14,9 @@ and returns the flat int64 ids to look up, in order, with the function that turn
 Weights come in the ids' layout (a dense tensor of their shape, a ragged one with their row
 splits, a sparse one with their indices) and weigh each id's vector before combining
 (`sok_tutorial.embedding.combiners`); for one id a sample, as Keras-RS has it, only ``"sum"``
-applies the weight (``"mean"`` and ``"sqrtn"`` of one weighted vector are the vector).
+applies the weight (``"mean"`` and ``"sqrtn"`` of one weighted vector are the vector). Float ids
+are cast to integers, as ``keras.layers.Embedding`` (and so Keras-RS) casts them: Keras traces a
+model's first call under a strategy with float inputs.
 
 Example:
     >>> ids = tf.ragged.constant([[3, 7], [], [7]], dtype=tf.int64)
@@ -53,7 +55,7 @@ def prepare(where: str, ids: Any, weights: Any, combiner: str, dim: int,
         sequence_length: > 0 for the uncombined sequence of each row's first ids.
     """
     dtype = getattr(ids, "dtype", None)
-    if dtype is None or not tf.as_dtype(dtype).is_integer:
+    if dtype is None or not (tf.as_dtype(dtype).is_integer or tf.as_dtype(dtype).is_floating):
         raise TypeError(f"{where}: ids must be integers, got {dtype}")
     if weights is not None:
         if sequence_length:

@@ -10,20 +10,12 @@ a SOK `DistributedEmbedding` layer (``layer.tables[name]`` is its `EmbeddingTabl
 tables comes along: dynamic vocabularies, eviction, admission, change tracking for delta
 exports, 16-bit storage, a table's own sparse optimizer.
 
-A feature's ids, and what its activation is (``dim`` is its table's width)::
-
-    [batch] dense               one id per sample       [batch, dim]   (weights: times w with "sum")
-    [batch, ..., n] dense       n ids per bag            [batch, ..., dim], combined over the last axis
-    [batch, None] ragged        a bag per row            [batch, dim], combined; an empty row gives zeros
-    [batch, n] sparse           present entries          [batch, dim], combined; an empty row gives zeros
-    sequence_length=L > 0       the first L ids of a     [batch, L, dim], uncombined, zero-padded
-                                row (any of the above)
-
-Combining is the table's ``combiner`` (`sok_tutorial.embedding.combiners`): ``sum(w e)``,
-``sum(w e) / sum(w)`` (mean) or ``sum(w e) / sqrt(sum(w^2))`` (sqrtn), all weights 1 without
-``weights``; weights come shaped like the ids (the same row splits, the same sparse indices).
-This is what Keras-RS's default-device path computes (`keras_rs.layers.EmbedReduce`), including
-its one special case: a single id per sample takes its weight under ``"sum"`` only.
+A feature's ids are dense (``[batch]``: one vector each; ``[batch, ..., n]``: n combined), a
+``tf.RaggedTensor`` ``[batch, None]`` or a ``tf.SparseTensor`` ``[batch, n]`` (each row combined),
+optionally weighted, or the uncombined sequence of a row's first ``sequence_length`` ids;
+`sok_tutorial.embedding.feature_ids` draws each layout and what its activation is. Combining is
+the table's ``combiner``, as Keras-RS's default-device path computes it
+(``keras_rs.layers.EmbedReduce``).
 
 Shapes are checked when the layer is built: a feature whose ids do not have the rank and
 sizes of its declared ``input_shape`` (the batch dimension, the first, may be any size; a
@@ -40,13 +32,15 @@ Example:
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.common import global_state
 
 from kernels import checks
 from sok_tutorial.embedding.combiners import COMBINERS
@@ -115,6 +109,22 @@ class _OwnOptimizerGuard(DenseOptimizerGuard):
                          "its own optimizer and updates everything else")
 
 
+@contextlib.contextmanager
+def _real_state() -> Iterator[None]:
+    """Out of Keras' shape-only trace, for building tables. Keras traces a layer without a `build`
+    of its own (a subclassed model) in a stateless scope and a scratch graph to learn its output
+    shapes, and builds the layers inside it there; a sharded table writes its initial rows when it
+    is built, which that scope refuses. Building is the same wherever it happens, so it happens
+    eagerly, as Keras does with the variables it defers."""
+    scope = global_state.get_global_attribute("stateless_scope")
+    global_state.set_global_attribute("stateless_scope", None)
+    try:
+        with tf.init_scope():
+            yield
+    finally:
+        global_state.set_global_attribute("stateless_scope", scope)
+
+
 def _shape(shape: Any) -> tuple | None:
     if shape is None:
         return None
@@ -177,6 +187,11 @@ class FeatureEmbedding(keras.layers.Layer):
             return
         if input_shape is not None:
             self._check_shapes(input_shape)
+        with _real_state():
+            self._build_tables()
+        super().build(input_shape)
+
+    def _build_tables(self) -> None:
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         if self.plan is not None and self.plan.num_replicas != replicas:
             raise ValueError(f"{self.name}: its tables were placed for {self.plan.num_replicas} replicas, but it is "
@@ -192,7 +207,6 @@ class FeatureEmbedding(keras.layers.Layer):
             if t.optimizer is not None and table.variable.constraint is None:
                 table.variable.constraint = _OwnOptimizerGuard(name, type(t.optimizer).__name__)
             self._holders[name] = holder
-        super().build(input_shape)
 
     def _check_shapes(self, input_shape: Any) -> None:
         shapes = _flat_like(self, input_shape, "input shapes", is_leaf=is_shape)

@@ -182,10 +182,24 @@ def test_model_fit_trains_each_table_with_its_own_optimizer():
         m.fit(x, y, batch_size=4, epochs=1, verbose=0)
 
 
+class Tower(keras.Model):
+    """A model as Keras-RS's examples write one: the embedding layer, its activations concatenated, a
+    dense head; no `build`, so Keras traces it for shapes first (in a stateless scope)."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding, self.head = embedding, keras.layers.Dense(1, kernel_initializer="ones")
+
+    def call(self, features):
+        out = self.embedding(features)
+        return self.head(keras.ops.concatenate([out[name] for name in sorted(out)], axis=1))
+
+
 def test_placement_auto_shards_over_replicas_like_one_device(strategy_of):
     """placement="auto" goes to the planner: under 2 replicas and a budget that a whole copy exceeds,
-    the big table is sharded, a "default_device" table stays whole on each replica; model.fit then
-    trains both as one device does."""
+    the big table is sharded, a "default_device" table stays whole on each replica; model.fit of a
+    model never called before then trains both as one device does (tables start equal: initial
+    values are drawn per key)."""
     def cfg():
         big = TableConfig("big", 2000, 8, combiner="sum", optimizer=keras.optimizers.Adagrad(0.1))
         small = TableConfig("small", 10, 4, optimizer="sgd", placement="default_device")
@@ -196,27 +210,21 @@ def test_placement_auto_shards_over_replicas_like_one_device(strategy_of):
     x = {"a": rng.integers(0, 2000, 32), "b": rng.integers(0, 2000, (32, 3)), "c": rng.integers(0, 10, 32)}
     y = rng.normal(size=(32, 1)).astype("float32")
 
-    def trained(layer, scope, start=None):
+    def trained(layer, scope):
         with scope:
-            inputs = {k: keras.Input(v.shape[1:], dtype="int64", name=k) for k, v in x.items()}
-            out = layer(inputs)
-            head = keras.layers.Dense(1, kernel_initializer="ones")
-            m = keras.Model(inputs, head(keras.ops.concatenate([out["a"], out["b"], out["c"]], 1)))
-            m.compile(optimizer=sok.optimizers.Adam(0.01), loss="mse")
-        if start is not None:
-            layer.set_embedding_tables(start)
-        before = layer.get_embedding_tables()
-        m.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
-        return before, layer.get_embedding_tables()
+            model = Tower(layer)
+            model.compile(optimizer=sok.optimizers.Adam(0.01), loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        return layer.get_embedding_tables()
 
     strategy = strategy_of(2)
     with strategy.scope():
         sharded = from_keras_rs(cfg(), memory_per_replica=100_000)
     assert {p.name: p.sharding for p in sharded.plan} == {"big": "row"}
-    start, after = trained(sharded, strategy.scope())
+    after = trained(sharded, strategy.scope())
     assert sharded.tables["big"].num_shards == 2 and sharded.tables["small"].num_shards == 1
-    one = from_keras_rs(cfg())
-    _, expected = trained(one, tf.distribute.get_strategy().scope(), start)
+    expected = trained(from_keras_rs(cfg()), tf.distribute.get_strategy().scope())
+    start = from_keras_rs(cfg()).get_embedding_tables()
     for name in expected:
         np.testing.assert_allclose(after[name], expected[name], rtol=1e-5, atol=1e-6)
         assert not np.array_equal(after[name], start[name])
