@@ -17,7 +17,7 @@ _NAMES: dict[str, str] = {
     "split_embedding_variable_from_others": "sok_tutorial.embedding",
     "OptimizerScope": "sok_tutorial.embedding",
     "group_embedding_lookup_sparse": "sok_tutorial.embedding",
-    "from_keras_rs": "sok_tutorial.embedding.keras_rs",
+    "from_keras_rs": "sok_tutorial.embedding",
     "Init": "sok_tutorial.distribute",
     "replica_devices": "sok_tutorial.distribute",
     "make_strategy": "sok_tutorial.distribute",
