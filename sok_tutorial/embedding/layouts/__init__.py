@@ -13,8 +13,8 @@ Three layouts cover the five ``sharding=`` names the layers take:
 a placement from these objects, `sok_tutorial.embedding.placement.exchange_bytes` is theirs,
 and `sok_tutorial.embedding.sharding.ShardedTable` composes one: its row groups, column slices
 and each key's group (`Layout.group_of`) are all the table's lookup, export and restore need
-(`sok_tutorial.embedding.routing`). A new layout is one new module here, registered in
-`LAYOUTS`.
+(`sok_tutorial.embedding.routing`). A new layout is one new module here, whose ``SHARDINGS``
+names it: the package finds it (`LAYOUTS`).
 
 Example:
     >>> grid = layout_of("row_column", 4, dim=16)
@@ -25,6 +25,8 @@ Example:
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,14 +36,17 @@ from sok_tutorial.embedding.layouts.grid import Grid, column_slices, grid_shape
 from sok_tutorial.embedding.layouts.replicated import Replicated
 from sok_tutorial.embedding.layouts.table_wise import TableWise, plan_table_wise
 
-LAYOUTS: dict[str, Any] = {
-    "replicated": lambda n, dim, column_shards, slot_sizes: Replicated(n),
-    "row": lambda n, dim, column_shards, slot_sizes: Grid(n, n, 1, name="row"),
-    "table": lambda n, dim, column_shards, slot_sizes: TableWise(n, slot_sizes),
-    "column": lambda n, dim, column_shards, slot_sizes: Grid(n, 1, n, name="column"),
-    "row_column": lambda n, dim, column_shards, slot_sizes: Grid(n, *grid_shape(n, dim, column_shards),
-                                                                  name="row_column"),
-}
+
+def _discover() -> dict[str, Any]:
+    """The ``sharding=`` names of this package's modules (each module's ``SHARDINGS``: name -> the
+    layout of ``(num_replicas, dim, column_shards, slot_sizes)``), the whole-table copy first."""
+    found: dict[str, Any] = {}
+    for info in pkgutil.iter_modules(__path__):
+        found.update(getattr(importlib.import_module(f"{__name__}.{info.name}"), "SHARDINGS", {}))
+    return dict(sorted(found.items(), key=lambda item: item[0] != "replicated"))
+
+
+LAYOUTS: dict[str, Any] = _discover()
 SHARDINGS = tuple(LAYOUTS)
 
 

@@ -117,3 +117,11 @@ class Grid(Layout):
 
     def __repr__(self) -> str:
         return f"Grid({self.num_replicas}, {self.rows}, {self.columns})"
+
+
+SHARDINGS = {  # the sharding= names that are grids
+    "row": lambda n, dim, column_shards, slot_sizes: Grid(n, n, 1, name="row"),
+    "column": lambda n, dim, column_shards, slot_sizes: Grid(n, 1, n, name="column"),
+    "row_column": lambda n, dim, column_shards, slot_sizes: Grid(n, *grid_shape(n, dim, column_shards),
+                                                                  name="row_column"),
+}

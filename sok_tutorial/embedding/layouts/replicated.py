@@ -12,3 +12,6 @@ class Replicated(Layout):
 
     def exchange_bytes(self, keys_per_replica: int, dim: int, exchange: str = "all_gather") -> int:
         return (self.num_replicas - 1) * keys_per_replica * (dim * FLOAT_BYTES + ID_BYTES)
+
+
+SHARDINGS = {"replicated": lambda n, dim, column_shards, slot_sizes: Replicated(n)}

@@ -81,3 +81,6 @@ class TableWise(Layout):
 
     def _forward_bytes(self, others: int, dim: int, exchange: str) -> int:
         return others * ID_BYTES + super()._forward_bytes(others, dim, exchange)  # slot ids with the keys
+
+
+SHARDINGS = {"table": lambda n, dim, column_shards, slot_sizes: TableWise(n, slot_sizes)}
