@@ -69,8 +69,8 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding import layouts
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values_tf
-from sok_tutorial.embedding.layouts import SHARDINGS, layout_of
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components
 from sok_tutorial.embedding.placement import EXCHANGES
@@ -78,8 +78,6 @@ from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup
 from sok_tutorial.embedding.sharded_rows import ShardedRows
 from sok_tutorial.embedding.table import EmbeddingTable
-
-SHARDED = tuple(name for name in SHARDINGS if name != "replicated")
 
 
 def _local_replica_ids(strategy: Any, count: int) -> list[int]:
@@ -119,7 +117,7 @@ class ShardedTable(ShardedRows, EmbeddingTable):
                  slot_num: int = 1, slot_sizes: Sequence[int] | None = None, column_shards: int | None = None,
                  **kwargs: Any):
         super().__init__(capacity, dim, **kwargs)
-        self.sharding = checks.one_of("sharding", sharding, SHARDED)
+        self.sharding = checks.one_of("sharding", sharding, tuple(n for n in layouts.LAYOUTS if n != "replicated"))
         self.exchange = checks.one_of("exchange", exchange, EXCHANGES)
         self.slot_num = checks.positive_int("slot_num", slot_num)
         self.slot_sizes = None if slot_sizes is None else [int(s) for s in slot_sizes]
@@ -158,8 +156,9 @@ class ShardedTable(ShardedRows, EmbeddingTable):
         strategy = tf.distribute.get_strategy()
         self.strategy, self.num_shards = strategy, int(strategy.num_replicas_in_sync)
         try:
-            self.layout = layout_of(self.sharding, self.num_shards, dim=self.dim, column_shards=self.column_shards,
-                                    slot_sizes=self.slot_sizes or [1] * self.slot_num)
+            self.layout = layouts.layout_of(self.sharding, self.num_shards, dim=self.dim,
+                                            column_shards=self.column_shards,
+                                            slot_sizes=self.slot_sizes or [1] * self.slot_num)
             self.slices = ColumnSlices(self.dim, self.layout.widths(self.dim), self.num_shards)
             refusal = self.layout.overfills(self.capacity)
         except ValueError as exc:

@@ -62,3 +62,49 @@ def test_a_layout_says_which_replica_holds_a_key():
     table_wise = layout_of("table", 2, slot_sizes=[100, 10, 60, 50])
     assert table_wise.group_of(None, tf.constant([0, 1, 2, 3], tf.int64)).numpy().tolist() == [0, 0, 1, 1]
     assert table_wise.group_of_np(None, np.array([3, 2])).tolist() == [1, 1]
+
+
+class _Mirrored(Grid):
+    """A layout the library does not ship: key ``k`` on replica ``N - 1 - (k mod N)``."""
+
+    def group_of(self, keys, slots=None, buckets=None):
+        return self.rows - 1 - tf.math.floormod(keys, self.rows)
+
+    def group_of_np(self, keys, slots=None, buckets=None):
+        return self.rows - 1 - np.mod(keys, self.rows)
+
+
+def test_a_new_layout_is_all_a_sharded_table_needs(strategy_of, monkeypatch):
+    """What a new module in `layouts` does (its SHARDINGS entry), and nothing else: the table
+    composes it, trains like one device and exports where the layout says."""
+    from sok_tutorial.embedding import layouts
+    from sok_tutorial.embedding.sharding import ShardedTable
+    from sok_tutorial.embedding.table import EmbeddingTable
+
+    monkeypatch.setitem(layouts.LAYOUTS, "mirrored", lambda n, dim, column_shards, slot_sizes: _Mirrored(n, n, 1))
+    strategy = strategy_of(2)
+    batches = [tf.constant([[3, 8, 3, 11], [8, 20, 5, 2]], tf.int64), tf.constant([[5, 6, 7, 3], [20, 1, 1, 9]])]
+    weights = tf.reshape(tf.range(16, dtype=tf.float32), [4, 4]) / 16
+    with strategy.scope():
+        sharded = ShardedTable(16, 4, sharding="mirrored", name="mirrored")
+        sharded.build()
+        sharded_opt = sok.optimizers.SGD(0.5)
+    one, one_opt = EmbeddingTable(32, 4, name="one"), sok.optimizers.SGD(0.5)
+    one.build()
+
+    def step(table, opt, keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table(keys, training=True) * weights)
+        opt.apply_gradients([(tape.gradient(loss, table.variable), table.variable)])
+        return loss
+
+    for batch in batches:
+        parts = strategy.experimental_distribute_values_from_function(
+            lambda ctx, b=batch: b[ctx.replica_id_in_sync_group])
+        losses = strategy.experimental_local_results(strategy.run(step, args=(sharded, sharded_opt, parts)))
+        assert abs(sum(float(x) for x in losses) - float(step(one, one_opt, batch))) < 1e-5
+    got, want = sharded.export(), one.export()
+    order, expected = np.argsort(got["keys"]), np.argsort(want["keys"])
+    np.testing.assert_array_equal(got["keys"][order], want["keys"][expected])
+    np.testing.assert_allclose(got["vectors"][order], want["vectors"][expected], atol=1e-6)
+    np.testing.assert_array_equal(got["shard"], 1 - got["keys"] % 2)  # where the new layout put each key

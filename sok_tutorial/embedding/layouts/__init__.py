@@ -54,7 +54,7 @@ def layout_of(sharding: str, num_replicas: int, *, dim: int = 1, column_shards: 
               slot_sizes: Sequence[int] | None = None) -> Layout:
     """The layout a table of width `dim` takes with ``sharding=`` over `num_replicas` replicas
     (`column_shards`: the grid of ``"row_column"``; `slot_sizes`: the slots of a table-wise layer)."""
-    checks.one_of("sharding", sharding, SHARDINGS)
+    checks.one_of("sharding", sharding, tuple(LAYOUTS))
     n = checks.positive_int("num_replicas", num_replicas)
     if column_shards is not None and sharding != "row_column":
         raise ValueError(f"column_shards={column_shards} is for sharding='row_column', not sharding={sharding!r}")
