@@ -110,9 +110,11 @@ def replica_lookup(table: Any, context: Any, keys: tf.Tensor, slots: tf.Tensor |
         if groups == 1:
             sizes, entry, size = tf.reshape(total, [1]), ours, total
         else:
-            sizes = tf.math.bincount(tf.cast(owner, tf.int32), minlength=groups, maxlength=groups, dtype=tf.int64)
+            # the keys of each group in batch order (a stable sort by group, in one pass), and where each lands
+            parts = tf.dynamic_partition(tf.range(tf.size(owner)), tf.cast(owner, tf.int32), groups)
+            sizes = tf.cast(tf.stack([tf.size(part) for part in parts]), tf.int64)
             start = tf.cumsum(sizes, exclusive=True)  # (R,)
-            rank = tf.math.invert_permutation(tf.argsort(owner, stable=True))  # (N*K,) place in group order
+            rank = tf.math.invert_permutation(tf.concat(parts, 0))  # (N*K,) place in group order
             group = tf.gather(owner, ours)
             first = tf.gather(start, group)
             entry = layout.columns * first + tf.cast(tf.gather(rank, ours), tf.int64) - first  # (K,) of slice 0
