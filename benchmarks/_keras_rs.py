@@ -33,7 +33,7 @@ def train(case: str, rows: int, steps: int) -> dict[str, Any]:
     import tensorflow as tf
 
     import sok_tutorial as sok
-    from benchmarks.embedding import draw_keys
+    from benchmarks._bench import draw_keys
 
     names = [f"f{i:02d}" for i in range(FEATURES)]
     configs = {name: keras_rs.layers.FeatureConfig(

@@ -75,16 +75,7 @@ TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key a
 GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs")
 
 
-def draw_keys(rng, rows: int, shape: tuple, keys: str):
-    """Uniform row ids (the worst case for sparse updates) or Criteo-like Zipf frequencies."""
-    import numpy as np
-
-    if keys == "uniform":
-        return rng.integers(0, rows, shape)
-    s = 1.1  # the Criteo-like generator's mean exponent, power law over ranks [1, rows]
-    u = rng.random(shape)
-    rank = np.floor((1 + u * ((rows + 1.0) ** (1 - s) - 1)) ** (1 / (1 - s))).astype(np.int64) - 1
-    return np.random.default_rng(123).permutation(rows)[np.clip(rank, 0, rows - 1)]
+draw_keys = _bench.draw_keys
 
 
 def run_case(case: str, rows: int, steps: int, keys: str) -> dict:
