@@ -54,6 +54,7 @@ import numpy as np
 from kernels import checks
 from sok_tutorial.embedding.buckets import BucketedIndex
 from sok_tutorial.embedding.lifecycle_ops import SALTS
+from sok_tutorial.embedding.lifecycle_state import ordered_log
 
 POLICIES = ("lru", "lfu", "ttl")
 OPTIONS = ("eviction_policy", "ttl", "ttl_seconds", "lfu_halflife", "bucket_capacity", "min_count",
@@ -218,10 +219,9 @@ def saved_state(table: Any) -> dict[str, np.ndarray]:
     sketch and the eviction log (so that a restored trainer admits as it would have and can
     continue its chain of deltas). Empty for a table without lifecycle state.
 
-    A sharded table keeps one state per shard: their clocks agree and their sketches sum into the
-    one-device sketch (`merged_state`), which the checkpoint holds (over worker processes, each
-    worker's part is merged by the one writing the checkpoint); the shards' eviction logs are not
-    kept (a restore starts the log afresh)."""
+    A sharded table keeps one state per shard: their clocks agree, their sketches sum into the
+    one-device sketch and their eviction logs merge into one (`merged_state`), which the checkpoint
+    holds (over worker processes, each worker's part is merged by the one writing the checkpoint)."""
     if not table.lifecycle.active:
         return {}
     states = table.shard_states()
@@ -231,8 +231,9 @@ def saved_state(table: Any) -> dict[str, np.ndarray]:
 
 
 def merged_state(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The state of a table from its shards' (`saved_state`): the latest clock and the summed
-    admission sketch (each key is counted in its own shard's only); the eviction logs are dropped."""
+    """The state of a table from its shards' (`saved_state`): the latest clock, the summed admission
+    sketch (each key is counted in its own shard's only) and one eviction log, every shard's entries
+    in order of their marks, complete after the latest of the shards' floors."""
     parts = [p for p in parts if p]
     if not parts:
         return {}
@@ -240,14 +241,31 @@ def merged_state(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     for name in ("sketch", "sketch_added"):
         if name in parts[0]:
             merged[name] = np.sum([p[name] for p in parts], axis=0).astype(parts[0][name].dtype)
+    if "log_keys" in parts[0]:
+        logs = [ordered_log(p) for p in parts]
+        floor = max(log[2] for log in logs)
+        keys, marks = (np.concatenate([log[i] for log in logs]) for i in (0, 1))
+        order = np.argsort(marks, kind="stable")
+        keep = order[marks[order] > floor]  # (before the floor, some shard's log no longer holds them all)
+        merged.update(log_keys=keys[keep], log_marks=marks[keep], log_total=np.int64(len(keep)),
+                      log_floor=np.int64(floor))
     return merged
 
 
 def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
     """Put back what `saved_state` kept (after a restore of the rows); returns what did not fit this
-    table's options (another sketch size or eviction log length), which stays as the restore left it.
-    Every shard of a sharded table takes the whole sketch (a count-min sketch may only overcount)."""
+    table's options (another sketch size), which stays as the restore left it. Every shard of a
+    sharded table takes the whole sketch (a count-min sketch may only overcount), and the evicted
+    keys of its own row group (table-wise, where a key's replica follows from its slot, which the
+    log does not keep: the first replica takes them all)."""
     if table.num_shards == 1:
         return table.state.load(state)
-    skipped = [table.state.local(c).load(state) for c in range(len(table.local_shards))]
+    shared = {name: value for name, value in state.items() if not name.startswith("log_")}
+    skipped = [table.state.local(c).load(shared) for c in range(len(table.local_shards))]
+    if "log_keys" in state and table.lifecycle.evicts:
+        keys, marks, floor = ordered_log(state)
+        groups = np.zeros(len(keys), np.int64) if table.needs_slots else table.group_of_np(keys)
+        for c, shard in enumerate(table.local_shards):
+            mine = groups == table.group(shard) if not table.needs_slots or shard == 0 else np.zeros(len(keys), bool)
+            table.state.local(c).load_log(keys[mine], marks[mine], floor)
     return skipped[0]

@@ -160,11 +160,14 @@ class LifecycleState(LifecycleOps):
 
     def load(self, state: dict[str, np.ndarray]) -> list[str]:
         """Put back what `saved` kept (after `reset`); returns what did not fit these options (another
-        sketch size or eviction log length), which stays as `reset` left it."""
+        sketch size), which stays as `reset` left it. An eviction log of another length (or merged from
+        shards, `ordered_log`) goes in through `load_log`."""
         skipped = []
+        if "log_keys" in state and self.log_keys is not None:
+            self.load_log(*ordered_log(state))
         for name in _SAVED:
             variable = getattr(self, name)
-            if name not in state or variable is None:
+            if name not in state or variable is None or name.startswith("log_"):
                 continue
             value = state[name]
             shape = (self.options.sketch_depth, self.options.sketch_width) if name == "sketch" \
@@ -175,10 +178,22 @@ class LifecycleState(LifecycleOps):
             if name == "clock":  # never back: `reset` may have moved it to the latest saved mark
                 value = max(int(variable.numpy()), int(value))
             variable.assign(np.reshape(value, variable.shape))
-        if any(s.startswith("log_") for s in skipped):  # a log of another length: start it afresh, now
-            self.log_total.assign(0)
-            self.log_floor.assign(int(self.clock.numpy()))
         return skipped
+
+    def load_log(self, keys: np.ndarray, marks: np.ndarray, floor: int) -> None:
+        """Set the eviction log to `keys` evicted at `marks` (oldest first), complete after mark
+        `floor`. A ring too short for them keeps the newest, and is then complete only after the
+        newest mark it let go."""
+        size, keys, marks = self.options.eviction_log, np.asarray(keys, np.int64), np.asarray(marks, np.int64)
+        if len(keys) > size:
+            floor = max(int(floor), int(marks[len(keys) - size - 1]))
+            keys, marks = keys[-size:], marks[-size:]
+        ring_keys, ring_marks = np.zeros(size, np.int64), np.zeros(size, np.int64)
+        ring_keys[:len(keys)], ring_marks[:len(marks)] = keys, marks
+        self.log_keys.assign(ring_keys)
+        self.log_marks.assign(ring_marks)
+        self.log_total.assign(len(keys))
+        self.log_floor.assign(int(floor))
 
     def reset(self, keys: np.ndarray, marks: np.ndarray | None, counts: np.ndarray | None,
               clock: int = 0) -> np.ndarray | None:
@@ -214,3 +229,12 @@ class LifecycleState(LifecycleOps):
         self.log_total.assign(0)
         self.log_floor.assign(now)
         return slots
+
+
+def ordered_log(state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, int]:
+    """(keys, marks, floor) of a saved eviction log, oldest first: `LifecycleState.saved` keeps the
+    ring as it is (``log_total`` entries ever, the last ``len(log_keys)`` of them held); a log merged
+    from shards is already in order (``log_total == len(log_keys)``), which reads the same way."""
+    keys, marks, total = np.asarray(state["log_keys"]), np.asarray(state["log_marks"]), int(state["log_total"])
+    order = np.arange(max(0, total - len(keys)), total) % max(len(keys), 1)
+    return keys[order], marks[order], int(state["log_floor"])

@@ -205,3 +205,40 @@ def test_a_sharded_table_keeps_its_admission_counts_through_a_checkpoint(strateg
     load_checkpoint(tmp_path / "ckpt", one)
     one(keys, training=True)
     assert one.layers[0].table.size == len(keys)  # the second sighting admits every key
+
+
+def test_a_sharded_table_keeps_its_eviction_log_through_a_checkpoint(strategy_of, tmp_path):
+    """The shards' eviction logs merge into the checkpoint: restored onto 4 replicas or one device
+    (the same 128 rows), the keys evicted since a mark are the ones the 2 shards evicted."""
+    from sok_tutorial.embedding import lifecycle
+
+    def layer(capacity):
+        return sok.DistributedEmbedding("sum", capacity, 4, slot_num=1, max_nnz=1, sharding="row", name="emb",
+                                        eviction_policy="lru", eviction_log=512)
+
+    def model(n):
+        with strategy_of(n).scope():
+            return keras.Sequential([keras.Input((1,), dtype="int64"), layer(128 // n)])
+
+    strategy, sharded = strategy_of(2), model(2)
+    for step in range(4):  # 96 new keys a step into 128 rows: evictions from the second step on
+        keys = np.arange(96 * step, 96 * (step + 1), dtype=np.int64)[:, None] * 7919
+        halves = strategy.experimental_distribute_values_from_function(
+            lambda ctx, k=keys: tf.constant(k[ctx.replica_id_in_sync_group * 48:][:48]))
+        strategy.run(lambda x: sharded(x, training=True), args=(halves,))
+        if step == 1:
+            mark = lifecycle.mark(sharded.layers[0].table)
+    evicted = np.sort(lifecycle.evicted_since(sharded.layers[0].table, mark))
+    every = np.sort(lifecycle.evicted_since(sharded.layers[0].table, 0))
+    assert len(evicted) > 96  # the last two steps evicted (about as many keys as they brought)
+    save_checkpoint(tmp_path / "ckpt", sharded)
+    for n in (4, 1):
+        restored = model(n)
+        if n == 1:
+            restored(np.zeros((1, 1), np.int64), training=False)
+        else:
+            restored.layers[0].build()
+        load_checkpoint(tmp_path / "ckpt", restored)
+        table = restored.layers[0].table
+        np.testing.assert_array_equal(np.sort(lifecycle.evicted_since(table, mark)), evicted)
+        np.testing.assert_array_equal(np.sort(lifecycle.evicted_since(table, 0)), every)

@@ -231,6 +231,24 @@ def test_the_eviction_log_refuses_a_mark_it_no_longer_covers():
         lifecycle.evicted_since(table, 1)
 
 
+def test_a_longer_saved_eviction_log_keeps_its_newest_entries_and_says_where_it_starts():
+    """A log merged from shards (in mark order) into a shorter ring: the newest entries stay, and
+    the log covers only marks after the newest one it let go."""
+    table = EmbeddingTable(4, 2, eviction_policy="lru", bucket_capacity=4, eviction_log=4, name="short")
+    table.build()
+    state = lifecycle.merged_state([{"clock": np.int64(9), "log_keys": np.array([1, 3, 5, 0]),
+                                     "log_marks": np.array([1, 3, 5, 0]), "log_total": np.int64(3),
+                                     "log_floor": np.int64(0)},
+                                    {"clock": np.int64(9), "log_keys": np.array([4, 6, 2]),
+                                     "log_marks": np.array([4, 6, 2]), "log_total": np.int64(5),
+                                     "log_floor": np.int64(-1)}])  # a ring of 3 that went round: 2, 4, 6
+    assert state["log_keys"].tolist() == [1, 2, 3, 4, 5, 6] and int(state["log_floor"]) == 0
+    table.state.load(state)
+    assert lifecycle.evicted_since(table, 2).tolist() == [3, 4, 5, 6]
+    with pytest.raises(ValueError, match="short: the eviction log .* after mark 1 \\(it starts after 2\\)"):
+        lifecycle.evicted_since(table, 1)
+
+
 def test_export_and_restore_keep_marks_and_counts():
     table = EmbeddingTable(8, 2, eviction_policy="lfu")
     table(tf.constant(np.arange(8), tf.int64), training=True)
