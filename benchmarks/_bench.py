@@ -102,3 +102,17 @@ def draw_keys(rng, rows: int, shape: tuple, keys: str):
     u = rng.random(shape)
     rank = np.floor((1 + u * ((rows + 1.0) ** (1 - s) - 1)) ** (1 / (1 - s))).astype(np.int64) - 1
     return np.random.default_rng(123).permutation(rows)[np.clip(rank, 0, rows - 1)]
+
+
+def seconds_per_step(step, batches: list, steps: int, warmup: int = 2) -> float:
+    """Mean seconds of `steps` calls of ``step(*batch)`` over `batches` in turn, after `warmup` calls
+    (tracing); the last loss is read before the clock stops, so queued work is counted."""
+    import time
+
+    for i in range(warmup):
+        step(*batches[i % len(batches)])
+    start = time.perf_counter()
+    for i in range(steps):
+        loss = step(*batches[i % len(batches)])
+    float(loss)
+    return (time.perf_counter() - start) / steps

@@ -15,7 +15,6 @@ steps, the median over interleaved rounds.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 FEATURES, DIM, BATCH = 26, 16, 8192
@@ -33,7 +32,7 @@ def train(case: str, rows: int, steps: int) -> dict[str, Any]:
     import tensorflow as tf
 
     import sok_tutorial as sok
-    from benchmarks._bench import draw_keys
+    from benchmarks._bench import draw_keys, seconds_per_step
 
     names = [f"f{i:02d}" for i in range(FEATURES)]
     configs = {name: keras_rs.layers.FeatureConfig(
@@ -66,13 +65,7 @@ def train(case: str, rows: int, steps: int) -> dict[str, Any]:
         optimizer.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    for i in range(2):
-        step(*batches[i])
-    start = time.perf_counter()
-    for i in range(steps):
-        loss = step(*batches[i % len(batches)])
-    float(loss)
-    seconds = (time.perf_counter() - start) / steps
+    seconds = seconds_per_step(step, batches, steps)
     return {"samples_per_s": BATCH / seconds, "seconds_per_step": seconds}
 
 

@@ -136,14 +136,7 @@ def run_case(case: str, rows: int, steps: int, keys: str) -> dict:
         optimizer.apply(tape.gradient(loss, variables), variables)
         return loss
 
-    data = [(tf.constant(k), tf.constant(y)) for k, y in batches]
-    for i in range(2):
-        step(*data[i])
-    start = time.perf_counter()
-    for i in range(steps):
-        loss = step(*data[i % len(data)])
-    float(loss)
-    seconds = (time.perf_counter() - start) / steps
+    seconds = _bench.seconds_per_step(step, [(tf.constant(k), tf.constant(y)) for k, y in batches], steps)
     unique = float(np.mean([len(np.unique(k)) for k, _ in batches]))
     return {"seconds_per_step": seconds, "samples_per_s": BATCH / seconds, "unique_rows": unique}
 

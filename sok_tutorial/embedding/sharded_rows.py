@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.ops import all_gather, local_components, read_rows
-from sok_tutorial.embedding.precision import compute_dtype, widen
+from sok_tutorial.embedding.precision import widen
 from sok_tutorial.embedding.table_rows import RowsByKey
 
 
@@ -109,28 +109,15 @@ class ShardedRows(RowsByKey):
         starts = np.concatenate([[0], np.cumsum(sizes)])
         return [{r: g[starts[r]:starts[r + 1]] for r in range(self.num_shards)} for g in gathered]
 
-    def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
-        """As `RowsByKey._checked`, for one-device (full-width) rows."""
-        variables = [self.variable, *self.optimizer_slots(optimizer)]
-        names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
-        keys, _, _ = super()._checked({k: v for k, v in arrays.items() if k not in names}, optimizer)
-        values = []
-        for name, variable, blocks in zip(names, variables, self._blocks(variables, optimizer)):
-            width = int(variable.shape[1])
-            want = (len(keys), width + blocks * (self.dim - self.slices.width))
-            value = np.asarray(arrays[name]) if name in arrays else \
-                np.zeros(want, compute_dtype(variable.dtype).as_numpy_dtype)
-            if value.shape != want:
-                raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (one-device rows "
-                                 f"of {variable.path})")
-            values.append(value)
-        return keys, values, variables
+    def _row_shapes(self, variables: list[Any], optimizer: Any) -> list[tuple]:
+        return [(int(v.shape[1]) + blocks * (self.dim - self.slices.width),)
+                for v, blocks in zip(variables, self._blocks(variables, optimizer))]
 
     def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
         if fit:
             self._placement(arrays, optimizer)
         else:
-            self._checked(arrays, optimizer)
+            super().check(arrays, optimizer, fit=False)
 
     def _placement(self, arrays: dict[str, Any], optimizer: Any) -> tuple:
         """(keys, values, variables, key_slots, {replica: positions of the keys it takes}), checked."""

@@ -73,13 +73,13 @@ class RowsByKey:
         variables = [self.variable, *self.optimizer_slots(optimizer)]
         names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
         values = []
-        for name, variable in zip(names, variables):
-            want = (len(keys), *variable.shape[1:])
+        for name, variable, shape in zip(names, variables, self._row_shapes(variables, optimizer)):
+            want = (len(keys), *shape)
             value = np.asarray(arrays[name]) if name in arrays else \
                 np.zeros(want, compute_dtype(variable.dtype).as_numpy_dtype)
             if value.shape != want:
-                raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (rows of "
-                                 f"{variable.path})")
+                raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (one-device rows "
+                                 f"of {variable.path})")
             values.append(value)
         if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()) and len(np.unique(keys)) != len(keys):
             raise ValueError(f"{self.name}: keys repeat")  # (keys in increasing order are distinct)
@@ -88,6 +88,11 @@ class RowsByKey:
                 raise ValueError(f"{self.name}: {name} has shape {np.shape(arrays[name])}, expected ({len(keys)},): "
                                  "one per key")
         return keys, values, variables
+
+    def _row_shapes(self, variables: list[Any], optimizer: Any) -> list[tuple]:
+        """The shape of one key's row of each of `variables` in the one-device layout (a table split
+        by columns stores a slice of it)."""
+        return [tuple(v.shape[1:]) for v in variables]
 
     def check(self, arrays: dict[str, Any], optimizer: Any = None, *, fit: bool = True) -> None:
         """Raise ValueError, naming what differs, if `restore` could not load `arrays`; with
