@@ -43,11 +43,11 @@ import tensorflow as tf
 from keras.src.backend.common import global_state
 
 from kernels import checks
+from sok_tutorial.embedding import fused
 from sok_tutorial.embedding.combiners import COMBINERS
 from sok_tutorial.embedding.feature_ids import prepare
 from sok_tutorial.embedding.layers import DistributedEmbedding
 from sok_tutorial.embedding.nested import flatten, is_shape, pack, path_name
-from sok_tutorial.embedding.precision import DenseOptimizerGuard
 
 
 @dataclass(frozen=True)
@@ -96,17 +96,6 @@ class Feature:
     input_shape: tuple | None = None
     output_shape: tuple | None = None
     sequence_length: int = 0
-
-
-class _OwnOptimizerGuard(DenseOptimizerGuard):
-    """The constraint of a table with its own optimizer: a Keras optimizer reaching it would update
-    every row with its own formula, and the table's optimizer would never run."""
-
-    def __call__(self, w: Any) -> Any:
-        raise ValueError(f"table {self.table!r} has its own optimizer ({self.storage}), but the model's optimizer is "
-                         "a Keras optimizer, which would update the table itself, densely. Compile the model with "
-                         "one of sok_tutorial.optimizers (e.g. sok_tutorial.optimizers.Adam()): it hands each table to "
-                         "its own optimizer and updates everything else")
 
 
 @contextlib.contextmanager
@@ -189,6 +178,9 @@ class FeatureEmbedding(keras.layers.Layer):
             self._check_shapes(input_shape)
         with _real_state():
             self._build_tables()
+        for name, holder in self._holders.items():  # updated by its own optimizer in the backward pass
+            if self._table_defs[name].optimizer is not None:
+                fused.fuse(holder.table)
         super().build(input_shape)
 
     def _build_tables(self) -> None:
@@ -203,10 +195,9 @@ class FeatureEmbedding(keras.layers.Layer):
                 embedding_initializer=t.initializer, sharding=t.sharding, column_shards=t.column_shards,
                 optimizer=t.optimizer, name=name, **t.options)
             holder.build()
-            table = holder.table
-            if t.optimizer is not None and table.variable.constraint is None:
-                table.variable.constraint = _OwnOptimizerGuard(name, type(t.optimizer).__name__)
             self._holders[name] = holder
+        if any(t.optimizer is not None for t in self._table_defs.values()):
+            self._anchor = self.add_weight(name="fused_anchor", shape=(), initializer="zeros", trainable=True)
 
     def _check_shapes(self, input_shape: Any) -> None:
         shapes = _flat_like(self, input_shape, "input shapes", is_leaf=is_shape)
@@ -250,7 +241,10 @@ class FeatureEmbedding(keras.layers.Layer):
             keys = [prepared[i][0] for i in mine]
             flat = tf.concat(keys, 0) if len(keys) > 1 else keys[0]
             flat = self._checked(name, flat)
-            vectors = holder.table.lookup(flat, training)  # (n, dim): one lookup for every feature of the table
+            if self._table_defs[name].optimizer is not None:  # (n, dim): one lookup for every feature of the table
+                vectors = fused.lookup(holder.table, flat, training, self._anchor)
+            else:
+                vectors = holder.table.lookup(flat, training)
             parts = tf.split(vectors, [tf.size(k) for k in keys], 0) if len(keys) > 1 else [vectors]
             for i, part in zip(mine, parts):
                 out[i] = tf.cast(prepared[i][1](part), self.compute_dtype)
@@ -300,8 +294,11 @@ class FeatureEmbedding(keras.layers.Layer):
                                  f"{(t.vocabulary_size, t.dim)}")
             arrays[name] = array
         tables = self.tables
-        for name, array in arrays.items():
-            tables[name].restore({"keys": np.arange(len(array), dtype=np.int64), "vectors": array})
+        for name, array in arrays.items():  # the rows change; their optimizer state stays as it is
+            current = tables[name].export()
+            order = np.argsort(current["keys"])
+            slots = {k: v[order] for k, v in current.items() if k.startswith("slot_")}
+            tables[name].restore({"keys": np.arange(len(array), dtype=np.int64), "vectors": array, **slots})
 
     def _static(self, name: str) -> Table:
         t = self._table_defs[name]

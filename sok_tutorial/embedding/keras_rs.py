@@ -27,11 +27,12 @@ and, as keyword options for every table (``tables={"name": {...}}`` for one): ``
 (``eviction_policy``, ``min_count``...), ``track_changes`` for delta exports
 (`sok_tutorial.training.delta`), ``storage_dtype="bfloat16"``.
 
-A table's optimizer applies as it would on a TPU: compile the model with one of
-`sok_tutorial.optimizers` (it hands each table to the table's own optimizer, and updates the
-dense layers itself); a Keras optimizer is refused with a message saying so, since it would update
-every row of every table itself, which is what Keras-RS does on CPU and GPU (it ignores
-``TableConfig.optimizer`` there). A table whose ``optimizer`` is None is trained by the model's.
+A table's optimizer applies as it would on a TPU: each table with one is updated by it, sparsely,
+in the backward pass (`sok_tutorial.embedding.fused`), so the model compiles with any optimizer
+for its dense layers, a Keras one as Keras-RS's examples do, or one of `sok_tutorial.optimizers`.
+(Keras-RS on CPU and GPU ignores ``TableConfig.optimizer`` and has the model's optimizer update
+every row of every table.) A table whose ``optimizer`` is None is trained by the model's, which
+must then be one of `sok_tutorial.optimizers` to update only the rows a step used.
 
 TensorFlow's configs become features too: ``max_sequence_length > 0`` gives the sequence of
 vectors ``[batch, max_sequence_length, dim]``; ``output_shape`` (without the width) is checked;
