@@ -48,6 +48,7 @@ from sok_tutorial.embedding.combiners import COMBINERS
 from sok_tutorial.embedding.feature_ids import prepare
 from sok_tutorial.embedding.layers import DistributedEmbedding
 from sok_tutorial.embedding.nested import flatten, is_shape, pack, path_name
+from sok_tutorial.embedding.precision import DenseOptimizerGuard
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,18 @@ class Feature:
     sequence_length: int = 0
 
 
+class _OwnOptimizerGuard(DenseOptimizerGuard):
+    """The constraint of a table with its own optimizer: a Keras optimizer reaching it would update
+    every row with its own formula, and the table's optimizer would never run."""
+
+    def __call__(self, w: Any) -> Any:
+        raise ValueError(f"table {self.table!r} has its own optimizer ({self.storage}), but the model's optimizer is "
+                         "a Keras optimizer, which would update the table itself, densely. Compile the model with "
+                         "one of sok_tutorial.optimizers (e.g. sok_tutorial.optimizers.Adam()): it hands each table to "
+                         "its own optimizer and updates everything else; or build the layer with fused=True, which "
+                         "updates each table in the backward pass")
+
+
 @contextlib.contextmanager
 def _real_state() -> Iterator[None]:
     """Out of Keras' shape-only trace, for building tables. Keras traces a layer without a `build`
@@ -134,10 +147,16 @@ class FeatureEmbedding(keras.layers.Layer):
         features: a `Feature`, or a nested structure (dicts, lists, tuples) of them.
         tables: every `Table` the features name, each once.
         plan: the `sok_tutorial.embedding.Plan` that placed the tables, kept for display (`plan`).
+        fused: update each table that has its own optimizer in the backward pass
+            (`sok_tutorial.embedding.fused`), so that the model may compile with any optimizer;
+            False: the model's optimizer, one of `sok_tutorial.optimizers`, hands each table to its
+            own (a Keras optimizer is refused), which is faster here, all updates after the backward pass.
     """
 
-    def __init__(self, features: Any, tables: Sequence[Table], *, plan: Any = None, **kwargs: Any):
+    def __init__(self, features: Any, tables: Sequence[Table], *, plan: Any = None, fused: bool = False,
+                 **kwargs: Any):
         super().__init__(**kwargs)
+        self.fused = bool(fused)
         leaves = flatten(features, lambda v: not isinstance(v, (Mapping, list, tuple)))
         by_name: dict[str, Table] = {}
         for table in tables:
@@ -178,9 +197,13 @@ class FeatureEmbedding(keras.layers.Layer):
             self._check_shapes(input_shape)
         with _real_state():
             self._build_tables()
-        for name, holder in self._holders.items():  # updated by its own optimizer in the backward pass
-            if self._table_defs[name].optimizer is not None:
+        for name, holder in self._holders.items():  # tables with their own optimizer
+            if self._table_defs[name].optimizer is None:
+                continue
+            if self.fused:  # updated by it in the backward pass
                 fused.fuse(holder.table)
+            elif holder.table.variable.constraint is None:
+                holder.table.variable.constraint = _OwnOptimizerGuard(name, type(holder.table.optimizer).__name__)
         super().build(input_shape)
 
     def _build_tables(self) -> None:
@@ -196,7 +219,7 @@ class FeatureEmbedding(keras.layers.Layer):
                 optimizer=t.optimizer, name=name, **t.options)
             holder.build()
             self._holders[name] = holder
-        if any(t.optimizer is not None for t in self._table_defs.values()):
+        if self.fused and any(t.optimizer is not None for t in self._table_defs.values()):
             self._anchor = self.add_weight(name="fused_anchor", shape=(), initializer="zeros", trainable=True)
 
     def _check_shapes(self, input_shape: Any) -> None:
@@ -241,7 +264,7 @@ class FeatureEmbedding(keras.layers.Layer):
             keys = [prepared[i][0] for i in mine]
             flat = tf.concat(keys, 0) if len(keys) > 1 else keys[0]
             flat = self._checked(name, flat)
-            if self._table_defs[name].optimizer is not None:  # (n, dim): one lookup for every feature of the table
+            if self.fused and self._table_defs[name].optimizer is not None:  # (n, dim): one lookup, every feature
                 vectors = fused.lookup(holder.table, flat, training, self._anchor)
             else:
                 vectors = holder.table.lookup(flat, training)

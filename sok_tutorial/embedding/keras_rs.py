@@ -27,12 +27,14 @@ and, as keyword options for every table (``tables={"name": {...}}`` for one): ``
 (``eviction_policy``, ``min_count``...), ``track_changes`` for delta exports
 (`sok_tutorial.training.delta`), ``storage_dtype="bfloat16"``.
 
-A table's optimizer applies as it would on a TPU: each table with one is updated by it, sparsely,
-in the backward pass (`sok_tutorial.embedding.fused`), so the model compiles with any optimizer
-for its dense layers, a Keras one as Keras-RS's examples do, or one of `sok_tutorial.optimizers`.
-(Keras-RS on CPU and GPU ignores ``TableConfig.optimizer`` and has the model's optimizer update
-every row of every table.) A table whose ``optimizer`` is None is trained by the model's, which
-must then be one of `sok_tutorial.optimizers` to update only the rows a step used.
+A table's optimizer applies as it would on a TPU, sparsely. Either compile the model with one of
+`sok_tutorial.optimizers`, which hands each table to its own optimizer after the backward pass and
+updates the dense layers itself (a Keras optimizer is then refused, with a message saying so: it
+would update every row of every table itself, as Keras-RS does on CPU and GPU, where it ignores
+``TableConfig.optimizer``); or build with ``fused=True``: each table is updated by its own
+optimizer in the backward pass (`sok_tutorial.embedding.fused`), and the model compiles with any
+optimizer, a Keras one as Keras-RS's examples do, for its dense layers. A table whose
+``optimizer`` is None is trained by the model's.
 
 TensorFlow's configs become features too: ``max_sequence_length > 0`` gives the sequence of
 vectors ``[batch, max_sequence_length, dim]``; ``output_shape`` (without the width) is checked;
@@ -85,7 +87,7 @@ def _keras_rs() -> Any:
 
 def from_keras_rs(feature_configs: Any, *, memory_per_replica: int | None = None, global_batch: int | None = None,
                   tables: Mapping[str, Mapping[str, Any]] | None = None, name: str | None = None,
-                  **table_options: Any) -> FeatureEmbedding:
+                  fused: bool = False, **table_options: Any) -> FeatureEmbedding:
     """This library's embedding layer for Keras-RS's `feature_configs` (module docstring).
 
     Args:
@@ -97,6 +99,8 @@ def from_keras_rs(feature_configs: Any, *, memory_per_replica: int | None = None
             features declare).
         tables: options of single tables, by table name, over `table_options`.
         name: the layer's name.
+        fused: update each table in the backward pass, so the model may compile with any optimizer,
+            a Keras one as Keras-RS's examples do (`FeatureEmbedding`).
         table_options: options of every table: ``dynamic``, ``capacity`` and those of
             `sok_tutorial.embedding.EmbeddingTable` (eviction, admission, ``track_changes``,
             ``storage_dtype``...).
@@ -150,7 +154,7 @@ def from_keras_rs(feature_configs: Any, *, memory_per_replica: int | None = None
             for tname, config in configs.items()]
     defs, placed = _place(defs, {n: getattr(c, "placement", "auto") for n, c in configs.items()}, features,
                           memory_per_replica, global_batch)
-    return FeatureEmbedding(pack(feature_configs, features), defs, plan=placed, name=name)
+    return FeatureEmbedding(pack(feature_configs, features), defs, plan=placed, name=name, fused=fused)
 
 
 def _feature_name(fc: Any, path: str) -> str:

@@ -154,19 +154,20 @@ def test_tensorflow_tpu_configs_against_a_dense_reference():
 
 
 def test_model_fit_trains_each_table_with_its_own_optimizer_whatever_compile_is_given():
-    """In model.fit each table is updated by its TableConfig optimizer in the backward pass, so the
-    model may be compiled with a Keras optimizer, as Keras-RS's examples are: the same run as with
-    sok_tutorial's, which train the dense layers with Keras' own maths."""
+    """In model.fit a sok_tutorial optimizer hands each table to its TableConfig optimizer, and a Keras
+    optimizer, which would update the tables itself, is refused; with fused=True each table is
+    updated by its own optimizer in the backward pass, so the model may be compiled with a Keras
+    optimizer, as Keras-RS's examples are: the same run (ours train the dense layers with Keras' maths)."""
     data = batch(seed=4)[0]
     x = {"item": data["item"].numpy(), "friends": data["context"][0].numpy()}
     y = np.random.default_rng(4).normal(size=(B, 1)).astype("float32")
 
-    def fit(optimizer):
+    def fit(optimizer, fused=False):
         keras.utils.set_random_seed(4)
         items = TableConfig("items", 40, 4, optimizer=keras.optimizers.Adagrad(0.1))
         users = TableConfig("users", 30, 3, optimizer="ftrl")
         layer = from_keras_rs({"item": FeatureConfig("item", items, (B,), (B, 4)),
-                               "friends": FeatureConfig("friends", users, (B, 5), (B, 3))})
+                               "friends": FeatureConfig("friends", users, (B, 5), (B, 3))}, fused=fused)
         inputs = {k: keras.Input(v.shape[1:], dtype="int64", name=k) for k, v in x.items()}
         out = layer(inputs)
         head = keras.layers.Dense(1)
@@ -179,12 +180,15 @@ def test_model_fit_trains_each_table_with_its_own_optimizer_whatever_compile_is_
     tables = layer.tables
     assert [type(tables[n].optimizer).__name__ for n in ("items", "users")] == ["Adagrad", "Ftrl"]
     assert [int(tables[n].optimizer.iterations) for n in ("items", "users")] == [2, 2]
-    keras_layer, keras_head, keras_losses = fit(keras.optimizers.Adam(0.01))
-    assert [int(keras_layer.tables[n].optimizer.iterations) for n in ("items", "users")] == [2, 2]
-    np.testing.assert_allclose(keras_losses, losses, rtol=1e-6)
-    for name, value in layer.get_embedding_tables().items():
-        np.testing.assert_allclose(keras_layer.get_embedding_tables()[name], value, atol=1e-6)
-    np.testing.assert_allclose(keras_head.get_weights()[0], head.get_weights()[0], atol=1e-6)
+    with pytest.raises(ValueError, match="has its own optimizer.*sok_tutorial.optimizers.*fused=True"):
+        fit("adam")
+    for optimizer in (keras.optimizers.Adam(0.01), sok.optimizers.Adam(0.01)):
+        fused_layer, fused_head, fused_losses = fit(optimizer, fused=True)
+        assert [int(fused_layer.tables[n].optimizer.iterations) for n in ("items", "users")] == [2, 2]
+        np.testing.assert_allclose(fused_losses, losses, rtol=1e-6)
+        for name, value in layer.get_embedding_tables().items():
+            np.testing.assert_allclose(fused_layer.get_embedding_tables()[name], value, atol=1e-6)
+        np.testing.assert_allclose(fused_head.get_weights()[0], head.get_weights()[0], atol=1e-6)
 
 
 class Tower(keras.Model):
