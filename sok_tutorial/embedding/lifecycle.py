@@ -264,8 +264,8 @@ def load_state(table: Any, state: dict[str, np.ndarray]) -> list[str]:
     skipped = [table.state.local(c).load(shared) for c in range(len(table.local_shards))]
     if "log_keys" in state and table.lifecycle.evicts:
         keys, marks, floor = ordered_log(state)
-        groups = np.zeros(len(keys), np.int64) if table.needs_slots else table.group_of_np(keys)
+        groups = np.zeros(len(keys), np.int64) if table.needs_slots else table.group_of_np(keys)  # (group 0: replica 0)
         for c, shard in enumerate(table.local_shards):
-            mine = groups == table.group(shard) if not table.needs_slots or shard == 0 else np.zeros(len(keys), bool)
+            mine = groups == table.group(shard)
             table.state.local(c).load_log(keys[mine], marks[mine], floor)
     return skipped[0]

@@ -56,29 +56,20 @@ class ShardedRows(RowsByKey):
         by the process holding its first replica (module docstring)."""
         variables = [self.variable, *self.optimizer_slots(optimizer)]
         blocks = self._blocks(variables, optimizer)
-        chosen = []  # (component, keys, rows) of each local replica: the C replicas of a group agree
-        for component in range(len(self.local_shards)):
-            keys, rows = self._keys_and_rows(component)
-            if since is not None:
-                keep = np.isin(rows, self.state.local(component).changed_since(since, len(rows)))
-                keys, rows = keys[keep], rows[keep]
-            chosen.append((component, keys, rows))
+        # (component, keys, rows) of each local replica: the C replicas of a group agree
+        chosen = [(c, *self._rows_since(c, since)) for c in range(len(self.local_shards))]
         slices = self._slices(variables, [rows for _, _, rows in chosen])
-        parts = []
+        parts, heads = [], set(self.group_components())
         for component, keys, rows in chosen:
             shard = self.local_shards[component]
-            if component not in self.group_components():
+            if component not in heads:
                 continue
             replicas = [[by_replica[shard + j] for j in range(self.layout.columns)] for by_replica in slices]
             part = {"keys": keys, "shard": np.full(len(keys), shard, np.int64),
                     "key_slots": self._key_slots(component, rows)}
             values = [self.slices.join(p, b) for p, b in zip(replicas, blocks)]
             part.update({"vectors": values[0], **{f"slot_{j}": v for j, v in enumerate(values[1:])}})
-            state = self.state.local(component)
-            if self.lifecycle.track_changes:
-                part["marks"] = state.row_marks(rows)
-            if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = state.row_counts(rows)
+            part.update(self._row_lifecycle(component, rows))
             parts.append(part)
         if not parts:  # every row group of this process is exported by another (worker) process
             empty = [np.zeros((0, int(v.shape[1])), np.float32) for v in variables]

@@ -34,6 +34,14 @@ class RowsByKey:
         rows = np.arange(int(index.size.numpy()), dtype=np.int64)
         return tf.gather(index.row_keys, rows).numpy(), rows
 
+    def _rows_since(self, component: int, since: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """`_keys_and_rows`, only those changed after mark `since` (None: all)."""
+        keys, rows = self._keys_and_rows(component)
+        if since is None:
+            return keys, rows
+        keep = np.isin(rows, self.state.local(component).changed_since(since, len(rows)))
+        return keys[keep], rows[keep]
+
     def _gather(self, variables: Sequence[Any], component: int, rows: np.ndarray) -> list[np.ndarray]:
         return [widen(tf.gather(local_components(v)[component], rows)).numpy() for v in variables]  # float32
 
@@ -45,21 +53,23 @@ class RowsByKey:
         slots = self.optimizer_slots(optimizer)
         parts = []
         for component, shard in enumerate(self.local_shards):
-            keys, rows = self._keys_and_rows(component)
-            state = self.state.local(component)
-            if since is not None:
-                keep = np.isin(rows, state.changed_since(since, len(rows)))
-                keys, rows = keys[keep], rows[keep]
+            keys, rows = self._rows_since(component, since)
             values = self._gather([self.variable, *slots], component, rows)
             part = {"keys": keys, "vectors": values[0], "shard": np.full(len(keys), shard, np.int64),
                     "key_slots": self._key_slots(component, rows)}
             part.update({f"slot_{j}": v for j, v in enumerate(values[1:])})
-            if self.lifecycle.track_changes:
-                part["marks"] = state.row_marks(rows)
-            if self.lifecycle.eviction_policy == "lfu":
-                part["counts"] = state.row_counts(rows)
+            part.update(self._row_lifecycle(component, rows))
             parts.append(part)
         return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+
+    def _row_lifecycle(self, component: int, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``marks`` (a table that tracks changes) and ``counts`` (LFU) of one local shard's `rows`."""
+        state, out = self.state.local(component), {}
+        if self.lifecycle.track_changes:
+            out["marks"] = state.row_marks(rows)
+        if self.lifecycle.eviction_policy == "lfu":
+            out["counts"] = state.row_counts(rows)
+        return out
 
     def _key_slots(self, component: int, rows: np.ndarray) -> np.ndarray:
         return np.full(len(rows), -1, np.int64)
