@@ -64,7 +64,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -73,25 +73,12 @@ import numpy as np
 
 from kernels import checks
 from kernels.key_index import KeyIndex
-from kernels.unique import unique
+from sok_tutorial.cache.exports import CacheExports
+from sok_tutorial.cache.passes import CachePasses
 from sok_tutorial.cache.ps import ParameterServer
-from sok_tutorial.cache.staging import Prefetch, as_keys, keys_beside
+from sok_tutorial.cache.staging import Prefetch, as_keys
 from sok_tutorial.data.transforms import Transform
 from sok_tutorial.embedding.table import tables_of
-from sok_tutorial.training.checkpoint import (
-    checkpoints,
-    dense_variables,
-    latest_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    read_tables,
-    relative_path,
-    save_checkpoint,
-    step_dir,
-)
-from sok_tutorial.training.delta import write_delta
-
-KEEP = 2  # saves kept by save_params_to_files
 
 
 class KeysetRemap(Transform):
@@ -105,7 +92,7 @@ class KeysetRemap(Transform):
         return self.cache.remap(np.asarray(values, dtype=np.int64) + self.offsets[column])
 
 
-class EmbeddingTrainingCache:
+class EmbeddingTrainingCache(CachePasses, CacheExports):
     """Keep a model's embedding tables in a parameter server and train them file by file.
 
     Args:
@@ -334,122 +321,3 @@ class EmbeddingTrainingCache:
         if self.active and not self._pushed:
             self.history.pop()
         self._index, self._before = None, {}
-
-    def get_incremental_model(self, path: str | Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call.
-
-        With `path`, also write them as a delta directory (`sok_tutorial.training.delta`, with the
-        dense variables) that `apply_delta` applies to a `save_params_to_files` save or to the
-        previous delta's result: the cache's marks count its incremental exports.
-        """
-        if self.active:
-            self._sync()
-        out = {}
-        for table in self.tables:
-            keys = unique(np.concatenate(self._updated[table.name]))[0] if self._updated[table.name] else \
-                np.zeros(0, np.int64)
-            rows, _ = self.ps.pull(table.name, keys)
-            out[table.name] = (keys, rows[:, :table.dim].copy())
-            self._updated[table.name] = []
-        if path is not None:
-            parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
-                     for keys, vectors in out.values()]
-            dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
-            write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
-        self._mark += 1
-        return out
-
-    # ------------------------------------------------------------------ high-level API
-    def fit(self, passes: Sequence[tuple[Any, Any]], *, batch_size: int, label_names: Sequence[str],
-            cat_names: Sequence[str], cont_names: Sequence[str] = (), key_offsets: Mapping[str, int] | None = None,
-            epochs: int = 1, eval_pass: tuple[Any, Any] | None = None, callbacks: Sequence[Any] = (),
-            **loader_kwargs: Any) -> list[dict[str, Any]]:
-        """Train over ``[(files, keyset), ...]``: update, ``model.fit`` over the files, write back.
-
-        ``keyset=None`` reads the keysets written beside the files. ``key_offsets`` maps each
-        categorical column to its offset in the global key space (default: 0). With `eval_pass`,
-        ``model.evaluate`` runs on it after every pass; without it, each pass's rows are
-        prefetched while the pass before trains. Returns one record per pass.
-        """
-        from sok_tutorial.data import ParquetLoader
-
-        offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
-        keysets = [keyset if keyset is not None else keys_beside(files) for files, keyset in passes]
-        records = []
-        for i, (files, _) in enumerate(passes):
-            self.update(keysets[i])
-            if i + 1 < len(passes) and eval_pass is None:  # an evaluation pass in between would drop it
-                self.prefetch(keysets[i + 1])
-            loader = ParquetLoader(files, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
-                                   transforms=[self.transform(offsets)], **loader_kwargs)
-            start = time.perf_counter()
-            logs = self.model.fit(loader, epochs=epochs, verbose=0, callbacks=list(callbacks)).history
-            train_s = time.perf_counter() - start
-            self.write_back()
-            record = {**self.history[-1], "train_s": train_s, "loss": logs["loss"][-1],
-                      "samples": loader.core.num_rows * epochs}
-            if eval_pass is not None:
-                record.update({f"eval_{k}": v for k, v in self.evaluate(*eval_pass, batch_size=batch_size,
-                              label_names=label_names, cat_names=cat_names, cont_names=cont_names,
-                              key_offsets=offsets, **loader_kwargs).items()})
-            self.history[-1].update(record)
-            records.append(record)
-        return records
-
-    def evaluate(self, files: Any, keyset: Any = None, *, batch_size: int, label_names: Sequence[str],
-                 cat_names: Sequence[str], cont_names: Sequence[str] = (), key_offsets: Mapping[str, int] | None = None,
-                 **loader_kwargs: Any) -> dict[str, float]:
-        """``model.evaluate`` on `files` with the rows of their keyset; nothing is written back."""
-        from sok_tutorial.data import ParquetLoader
-
-        offsets = {c: 0 for c in cat_names} | dict(key_offsets or {})
-        self.update(keyset if keyset is not None else keys_beside(files))
-        try:
-            loader = ParquetLoader(files, batch_size, label_names, cat_names=cat_names, cont_names=cont_names,
-                                   transforms=[self.transform(offsets)], **{**loader_kwargs, "shuffle": False})
-            return {k: float(v) for k, v in self.model.evaluate(loader, verbose=0, return_dict=True).items()}
-        finally:
-            self.discard()
-
-    # ------------------------------------------------------------------ save / load
-    def save_params_to_files(self, directory: str | Path | None = None, *, keep_last: int | None = KEEP) -> Path:
-        """Write dense weights, every table row and its optimizer state under `directory`.
-
-        A save is a checkpoint (`sok_tutorial.training.save_checkpoint`: a ``step-NNNNNNNN``
-        folder, complete before its manifest makes it one, so a crash at any moment leaves the
-        previous save loadable) whose tables hold the parameter server's rows rather than the
-        device's. It loads into a model of in-memory tables as well. The newest `keep_last` saves
-        stay (``None``: all).
-        """
-        if keep_last is not None:
-            checks.positive_int("keep_last", keep_last)
-        root = Path(directory) if directory is not None else self.dest
-        if root is None:
-            raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
-        if self.active:
-            self._sync()
-        rows = {}
-        for table in self.tables:
-            keys = self.ps.keys(table.name)
-            rows[table.name] = {"keys": keys, **self._unpack(table, self.ps.pull(table.name, keys)[0])}
-        done = checkpoints(root)
-        step = int(done[-1].name.split("-")[1]) + 1 if done else 0
-        path = save_checkpoint(step_dir(root, step), self.model, self.optimizer, rows=rows,
-                               state={"passes": len(self.history),
-                                      "export": {"marks": [self._mark] * len(self.tables)}})
-        prune_checkpoints(root, keep_last)
-        return path
-
-    def load_params_from_files(self, directory: str | Path) -> Path:
-        """Load the newest save under `directory`: dense weights into the model, rows into the server."""
-        path = latest_checkpoint(directory)
-        if path is None:
-            raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
-                                    "manifest.json, as save_params_to_files writes)")
-        load_checkpoint(path, self.model, self.optimizer, tables=False)  # checks everything, then assigns
-        saved = read_tables(path)
-        self._cancel_prefetch()
-        self._known = None  # the server's rows change under the cache
-        self.ps.push_tables({table.name: (arrays["keys"], self._pack(table, arrays))
-                             for table, arrays in zip(self.tables, saved)})
-        return path

@@ -1,0 +1,100 @@
+"""`CacheExports`: what leaves `EmbeddingTrainingCache` for serving and for restarts: the keys
+changed since the last export (`get_incremental_model`, optionally as a delta directory) and whole
+saves of the parameter server's rows with the dense weights (`save_params_to_files`,
+`load_params_from_files`, checkpoints of `sok_tutorial.training.checkpoint`).
+
+A mixin of `sok_tutorial.cache.training_cache.EmbeddingTrainingCache`, whose server, tables and
+row packing it reads.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kernels import checks
+from kernels.unique import unique
+from sok_tutorial.training.checkpoint import (
+    checkpoints,
+    dense_variables,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    read_tables,
+    relative_path,
+    save_checkpoint,
+    step_dir,
+)
+from sok_tutorial.training.delta import write_delta
+
+KEEP = 2  # saves kept by save_params_to_files
+
+
+class CacheExports:
+    """Incremental exports and saves of the cache's server (module docstring)."""
+
+    def get_incremental_model(self, path: str | Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call.
+
+        With `path`, also write them as a delta directory (`sok_tutorial.training.delta`, with the
+        dense variables) that `apply_delta` applies to a `save_params_to_files` save or to the
+        previous delta's result: the cache's marks count its incremental exports.
+        """
+        if self.active:
+            self._sync()
+        out = {}
+        for table in self.tables:
+            keys = unique(np.concatenate(self._updated[table.name]))[0] if self._updated[table.name] else \
+                np.zeros(0, np.int64)
+            rows, _ = self.ps.pull(table.name, keys)
+            out[table.name] = (keys, rows[:, :table.dim].copy())
+            self._updated[table.name] = []
+        if path is not None:
+            parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
+                     for keys, vectors in out.values()]
+            dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
+            write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
+        self._mark += 1
+        return out
+
+    def save_params_to_files(self, directory: str | Path | None = None, *, keep_last: int | None = KEEP) -> Path:
+        """Write dense weights, every table row and its optimizer state under `directory`.
+
+        A save is a checkpoint (`sok_tutorial.training.save_checkpoint`: a ``step-NNNNNNNN``
+        folder, complete before its manifest makes it one, so a crash at any moment leaves the
+        previous save loadable) whose tables hold the parameter server's rows rather than the
+        device's. It loads into a model of in-memory tables as well. The newest `keep_last` saves
+        stay (``None``: all).
+        """
+        if keep_last is not None:
+            checks.positive_int("keep_last", keep_last)
+        root = Path(directory) if directory is not None else self.dest
+        if root is None:
+            raise ValueError("save_params_to_files needs a directory (or dest_sparse_models= on the cache)")
+        if self.active:
+            self._sync()
+        rows = {}
+        for table in self.tables:
+            keys = self.ps.keys(table.name)
+            rows[table.name] = {"keys": keys, **self._unpack(table, self.ps.pull(table.name, keys)[0])}
+        done = checkpoints(root)
+        step = int(done[-1].name.split("-")[1]) + 1 if done else 0
+        path = save_checkpoint(step_dir(root, step), self.model, self.optimizer, rows=rows,
+                               state={"passes": len(self.history),
+                                      "export": {"marks": [self._mark] * len(self.tables)}})
+        prune_checkpoints(root, keep_last)
+        return path
+
+    def load_params_from_files(self, directory: str | Path) -> Path:
+        """Load the newest save under `directory`: dense weights into the model, rows into the server."""
+        path = latest_checkpoint(directory)
+        if path is None:
+            raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
+                                    "manifest.json, as save_params_to_files writes)")
+        load_checkpoint(path, self.model, self.optimizer, tables=False)  # checks everything, then assigns
+        saved = read_tables(path)
+        self._cancel_prefetch()
+        self._known = None  # the server's rows change under the cache
+        self.ps.push_tables({table.name: (arrays["keys"], self._pack(table, arrays))
+                             for table, arrays in zip(self.tables, saved)})
+        return path
