@@ -46,6 +46,27 @@ def replica_devices(num_replicas: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")[:num_replicas]]
 
 
+def resolve_device(device: str = "auto") -> str:
+    """The TensorFlow device a notebook's ``DEVICE`` parameter names: ``"auto"`` takes the first GPU
+    when TensorFlow sees one, else the CPU; ``"cpu"`` and ``"gpu"`` choose (case does not matter).
+
+    A notebook wraps its training in ``with tf.device(resolve_device(DEVICE)):``, so the same cells
+    run on a laptop and on a GPU box with no edits.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> resolve_device("cpu")
+        '/CPU:0'
+        >>> resolve_device("auto") == ("/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0")
+        True
+    """
+    choice = checks.one_of("device", device.lower() if isinstance(device, str) else device, ("auto", "cpu", "gpu"))
+    has_gpu = bool(tf.config.list_physical_devices("GPU"))
+    if choice == "gpu" and not has_gpu:
+        raise ValueError(f"device={device!r}, but TensorFlow sees no GPU here; pass 'auto' or 'cpu'")
+    return "/GPU:0" if choice == "gpu" or (choice == "auto" and has_gpu) else "/CPU:0"
+
+
 @dataclass(frozen=True)
 class Context:
     """What `Init` found: the strategy and how a global batch splits over its replicas."""
