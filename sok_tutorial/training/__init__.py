@@ -6,6 +6,8 @@ _NAMES = {
     "fit": "sok_tutorial.training.loop",
     "evaluate": "sok_tutorial.training.loop",
     "History": "sok_tutorial.training.loop",
+    "make_sok_step": "sok_tutorial.training.step",
+    "SokStep": "sok_tutorial.training.step",
     "save_checkpoint": "sok_tutorial.training.checkpoint",
     "load_checkpoint": "sok_tutorial.training.checkpoint",
     "latest_checkpoint": "sok_tutorial.training.checkpoint",
