@@ -3,7 +3,9 @@
 ``Init(global_batch_size)`` finds the active strategy (the default one outside a scope) and
 says how the global batch splits over its replicas. `replica_devices` gives the devices for a
 ``MirroredStrategy`` of N replicas: GPUs where there are enough, else N logical devices carved
-out of the CPU, so the multi-device code path runs (and is tested) on a laptop.
+out of the CPU, so the multi-device code path runs (and is tested) on a laptop; its `device`
+(``"auto"``, ``"cpu"``, ``"gpu"``) is a notebook's ``DEVICE`` parameter, as `resolve_device`'s
+is for one device.
 
 `make_strategy` picks the strategy from the environment: ``TF_CONFIG`` (set by
 ``python -m sok_tutorial.launch``) or an MPI launch (``OMPI_COMM_WORLD_RANK/SIZE``) gives a
@@ -24,15 +26,38 @@ import tensorflow as tf
 from kernels import checks
 
 
-def replica_devices(num_replicas: int) -> list[str]:
-    """Device names for `num_replicas` replicas: GPUs if enough are visible, else logical CPUs.
+def replica_devices(num_replicas: int, device: str = "auto") -> list[str]:
+    """Device names for a ``MirroredStrategy`` of `num_replicas` replicas: where the replicas live.
+
+    A multi-replica notebook's ``DEVICE`` parameter, as `resolve_device` is a one-device one's:
+
+    - ``"auto"``: GPUs when TensorFlow sees at least `num_replicas`, else `num_replicas` logical
+      devices carved out of the CPU (so the multi-replica code path runs on a laptop too);
+    - ``"cpu"``: logical CPU devices even where there are GPUs (the same run as a laptop's);
+    - ``"gpu"``: GPUs, or an error when fewer than `num_replicas` are visible.
 
     Logical CPU devices can only be created before TensorFlow initialises its devices: call this
     before running any TensorFlow op (first thing in a notebook or script).
+
+    Args:
+        num_replicas: replicas of the strategy (>= 1).
+        device: ``"auto"``, ``"cpu"`` or ``"gpu"`` (case does not matter).
+
+    Returns:
+        `num_replicas` device names, e.g. ``["/GPU:0", "/GPU:1"]``.
+
+    Example:
+        >>> import sok_tutorial as sok
+        >>> [name.rsplit("/", 1)[-1] for name in sok.replica_devices(1, "cpu")]
+        ['device:CPU:0']
     """
     checks.positive_int("num_replicas", num_replicas)
+    choice = checks.one_of("device", device.lower() if isinstance(device, str) else device, ("auto", "cpu", "gpu"))
     gpus = tf.config.list_physical_devices("GPU")
-    if len(gpus) >= num_replicas:
+    if choice == "gpu" and len(gpus) < num_replicas:
+        raise ValueError(f"device={device!r} with num_replicas={num_replicas}, but TensorFlow sees {len(gpus)} "
+                         "GPU(s) here; pass 'auto' or 'cpu' (logical CPU devices), or fewer replicas")
+    if choice != "cpu" and len(gpus) >= num_replicas:
         return [f"/GPU:{i}" for i in range(num_replicas)]
     cpu = tf.config.list_physical_devices("CPU")[0]
     configured = tf.config.get_logical_device_configuration(cpu) or []  # does not start TensorFlow
