@@ -9,9 +9,12 @@ or as 2 worker processes, each one replica, through TensorFlow's multi-worker st
     python -m sok_tutorial.launch --workers 2 -m sok_tutorial.examples.train_sharded --sharding row
 
 The data are seeded synthetic global batches: every process builds the same ones and each
-replica trains on its slice, so any number of replicas sees the same global batch. ``--out``
-writes ``<out>.<case>.rank<i>.npz`` per process: the per-step losses and the table rows it holds, by
-key (the union over ranks is the whole table), so runs on different N can be compared.
+replica trains on its slice, so any number of replicas sees the same global batch. The step is
+`sok_tutorial.training.make_sok_step`: the table to a sparse optimizer, the dense head to a
+Keras one, each replica's loss averaged over the global batch.
+
+``--out`` writes ``<out>.<case>.rank<i>.npz`` per process: the per-step losses and the table rows
+it holds, by key (the union over ranks is the whole table), so runs on different N can be compared.
 ``--case`` runs several configurations in one process, on one strategy.
 """
 from __future__ import annotations
@@ -122,6 +125,7 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
     from sok_tutorial.embedding import replica_bytes
     from sok_tutorial.training import apply_delta, export_delta, export_model_tables, load_checkpoint, save_checkpoint
     from sok_tutorial.training.checkpoint import read_tables
+    from sok_tutorial.training.step import make_sok_step
 
     n = context.num_replicas
     keras.utils.set_random_seed(0)
@@ -155,28 +159,10 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
                                   keras.layers.Flatten(), head], name="model")
         sparse = {"sgd": lambda: sok.optimizers.SGD(0.1), "lazyadam": lambda: sok.optimizers.LazyAdam(0.01),
                   "adam": lambda: sok.optimizers.Adam(0.01)}[args.optimizer]()
-        dense = keras.optimizers.SGD(0.1)
-        sparse.build([embedding.embedding_variable])
-        dense.build(head.trainable_variables)
-
-    @tf.function
-    def train_step(keys: Any, labels: Any) -> Any:
-        def replica_step(keys: Any, labels: Any) -> Any:
-            with tf.GradientTape() as tape:
-                logits = model(keys, training=True)
-                loss = tf.reduce_sum(keras.losses.binary_crossentropy(labels, logits, from_logits=True))
-                loss = loss / args.global_batch_size  # the global batch: replicas' gradients add up
-            emb_vars, other_vars = sok.split_embedding_variable_from_others(model.trainable_variables)
-            grads = tape.gradient(loss, [*emb_vars, *other_vars])
-            sparse.apply_gradients(zip(grads[:len(emb_vars)], emb_vars))
-            dense.apply_gradients(zip(grads[len(emb_vars):], other_vars))
-            return loss
-        return strategy.reduce("SUM", strategy.run(replica_step, args=(keys, labels)), axis=None)
-
-    def distribute(array: np.ndarray) -> Any:
-        per = context.replica_batch_size
-        return strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(array[ctx.replica_id_in_sync_group * per:][:per]))
+    # the table to the sparse optimizer, the head to the dense one; each replica's loss averaged over the global
+    # batch, so N replicas (or worker processes) take the step one device takes
+    train_step = make_sok_step(model, sparse, keras.optimizers.SGD(0.1), global_batch_size=args.global_batch_size,
+                               strategy=strategy)
 
     if args.restore:
         load_checkpoint(args.restore, model, sparse)
@@ -188,7 +174,7 @@ def train(args: argparse.Namespace, strategy: Any, context: Any, rank: int, tag:
             os._exit(17)
         start = time.perf_counter()
         try:
-            losses.append(float(train_step(distribute(keys), distribute(labels))))
+            losses.append(float(train_step(keys, labels)))
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError, tf.errors.CancelledError,
                 tf.errors.InternalError) as exc:
             print(f"worker {rank}: step {step} failed: a peer stopped answering "
