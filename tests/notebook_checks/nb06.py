@@ -35,6 +35,7 @@ def margins_06(m: dict[str, Any], p: dict[str, Any]) -> None:
 
 SMOKE = (
     {
+        "DEVICE": "auto",
         "NUM_REPLICAS": 2,
         "GLOBAL_BATCH_SIZE": 256,
         "STEPS": 6,
@@ -47,6 +48,7 @@ SMOKE = (
 
 LARGER = (
     {
+        "DEVICE": "auto",
         "NUM_REPLICAS": 2,
         "GLOBAL_BATCH_SIZE": 256,
         "STEPS": 8,
