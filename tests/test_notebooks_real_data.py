@@ -13,7 +13,9 @@ import shutil
 
 import pytest
 
-from tests.test_notebooks import SMOKE, check_05, check_07, run_notebook
+from tests.notebook_checks.nb05 import check_05
+from tests.notebook_checks.nb07 import check_07
+from tests.test_notebooks import SMOKE, run_notebook
 
 pytestmark = [pytest.mark.notebooks, pytest.mark.slow]
 
