@@ -10,6 +10,15 @@ The label is Bernoulli(sigmoid(logit)), where the logit adds
 * dot products of latent vectors for a few pairs of categorical features (what DLRM's
   interaction layer is for).
 
+By default those pairs join the largest fields, where most ids are too rare for any model to
+learn their vectors in one pass: a DLRM then scores about what a logistic regression on the ids
+and counts does. ``interactions=s`` plants more pairs between small fields
+(`LEARNABLE_PAIRS`, at most a few hundred ids each, so every id is seen often), with latent
+vectors of scale ``s`` that do not shrink along the tail. Their dot products average out over
+either field alone, so no weight per id can stand in for them: a model that multiplies
+embeddings (DLRM) can learn them and a logistic regression cannot. ``interactions=0`` leaves
+the data as it was, byte for byte.
+
 The logit is a function of the observed columns only, so the AUC of the true click
 probability (saved as ``oracle_auc``) is the best any model can reach on this data.
 """
@@ -53,6 +62,9 @@ CRITEO_CARDINALITIES = (
 _MISSING_RATES = (0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0005, 0.04, 0.45, 0.04, 0.76, 0.22)
 _INTERACTING_PAIRS = ((0, 1), (2, 3), (9, 10), (19, 20))  # categorical pairs with a latent dot term
 _LATENT_DIM = 4
+#: Pairs of small fields (0-based: C6-C17, C8-C18, C9-C16, C13-C19, C25-C26; at most a few hundred
+#: ids each at any scale) whose latent dot products ``interactions=`` plants.
+LEARNABLE_PAIRS = ((5, 16), (7, 17), (8, 15), (12, 18), (24, 25))
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -76,11 +88,12 @@ class CriteoLike:
             ~ r ** -s_f, with s_f drawn within 15% of this value per feature.
         positive_rate: target share of clicks (the bias is calibrated for it).
         signal: scale of all planted weights (higher -> easier task, higher oracle AUC).
+        interactions: scale of the latent vectors of `LEARNABLE_PAIRS` (0: none; module docstring).
         seed: same seed, same model, same rows.
     """
 
     def __init__(self, cardinalities: Sequence[int] | None = None, *, zipf_exponent: float = 1.1,
-                 positive_rate: float = 0.25, signal: float = 1.0, seed: int = 0):
+                 positive_rate: float = 0.25, signal: float = 1.0, interactions: float = 0.0, seed: int = 0):
         cards = list(scaled_cardinalities() if cardinalities is None else cardinalities)
         if len(cards) != len(CAT_NAMES):
             raise ValueError(f"cardinalities has {len(cards)} entries, expected {len(CAT_NAMES)}")
@@ -88,6 +101,7 @@ class CriteoLike:
         self.zipf_exponent = checks.fraction("zipf_exponent", zipf_exponent, low=0.5, high=3.0)
         self.positive_rate = checks.fraction("positive_rate", positive_rate, low=0.01, high=0.99)
         self.signal = checks.fraction("signal", signal, low=0.0, high=10.0)
+        self.interactions = checks.fraction("interactions", interactions, low=0.0, high=10.0)
         self.seed = checks.positive_int("seed", seed, allow_zero=True)
         rng = np.random.default_rng([self.seed, 0xC417E0])
         strength = 0.6 * self.signal  # signal=1 gives an oracle AUC near 0.80, as on real Criteo
@@ -110,15 +124,33 @@ class CriteoLike:
         self._zipf_c = [np.float32((n + 1.0) ** (1.0 - s) - 1.0)
                         for n, s in zip(self.cardinalities, self.zipf_exponents)]
         self._zipf_inv = [np.float32(1.0 / (1.0 - s)) for s in self.zipf_exponents]
+        if self.interactions:  # a stream of its own: the rest of the model is the same with or without
+            pair_rng = np.random.default_rng([self.seed, 0x1A7E])
+            for pair in LEARNABLE_PAIRS:
+                self._latent[pair] = [self._centred(f, self._by_rank(self.cardinalities[f], pair_rng,
+                                                                      self.interactions, _LATENT_DIM, knee=math.inf))
+                                      for f in pair]
         self._bias = np.float32(0.0)
         self._bias = self._calibrate_bias()
 
     @staticmethod
-    def _by_rank(n: int, rng: np.random.Generator, scale: float, dim: int = 0) -> np.ndarray:
-        """Per-rank values, shrinking along the tail (ids seen rarely carry little signal)."""
+    def _by_rank(n: int, rng: np.random.Generator, scale: float, dim: int = 0, knee: float = 200.0) -> np.ndarray:
+        """Per-rank values, shrinking along the tail past rank `knee` (ids seen rarely carry little signal)."""
         values = rng.standard_normal((dim, n) if dim else n, dtype=np.float32)
-        values *= scale / np.sqrt(1.0 + np.arange(n, dtype=np.float32) / 200.0)
+        values *= scale / np.sqrt(1.0 + np.arange(n, dtype=np.float32) / knee)
         return values
+
+    def rank_probabilities(self, f: int) -> np.ndarray:
+        """P(rank r) of feature `f`'s ids, r = 0 .. n-1, under the power law `_draw` samples."""
+        n, s = self.cardinalities[f], float(self.zipf_exponents[f])
+        below = (np.arange(1, n + 1, dtype=np.float64) + 1.0) ** (1.0 - s) - 1.0  # P(rank < r + 1) * c
+        below /= (n + 1.0) ** (1.0 - s) - 1.0
+        return np.diff(below, prepend=0.0)
+
+    def _centred(self, f: int, latent: np.ndarray) -> np.ndarray:
+        """`latent` ([dim, n] by rank) less its mean over feature `f`'s traffic: then the mean of a
+        dot product over either field's ids is 0, so no weight of a single id can stand in for it."""
+        return (latent - latent @ self.rank_probabilities(f)[:, None]).astype(np.float32)
 
     def _calibrate_bias(self) -> np.float32:
         """Pick the bias so the mean click probability is `positive_rate` (bisection on a sample)."""
@@ -192,7 +224,8 @@ class CriteoLike:
 
     def params(self) -> dict[str, Any]:
         return {"cardinalities": self.cardinalities, "zipf_exponent": self.zipf_exponent,
-                "positive_rate": self.positive_rate, "signal": self.signal, "seed": self.seed}
+                "positive_rate": self.positive_rate, "signal": self.signal,
+                "interactions": self.interactions, "seed": self.seed}
 
     def schema(self) -> Schema:
         """Columns; categorical ``key_offset``s place the 26 id ranges back to back in one key space."""
@@ -216,7 +249,7 @@ def held_out_block(num_rows: int) -> int:
 
 def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: Sequence[int] | None = None,
                          zipf_exponent: float = 1.1, positive_rate: float = 0.25, signal: float = 1.0,
-                         seed: int = 0, first_block: int = 0, num_parts: int = 1,
+                         interactions: float = 0.0, seed: int = 0, first_block: int = 0, num_parts: int = 1,
                          row_group_size: int = DEFAULT_ROW_GROUP_SIZE, overwrite: bool = False, reuse: bool = False,
                          keysets: bool = False, progress: bool = True) -> Schema:
     """Generate `num_rows` Criteo-like rows straight into a parquet dataset directory.
@@ -242,7 +275,7 @@ def write_criteo_parquet(out_dir: str | Path, num_rows: int, *, cardinalities: S
     """
     checks.positive_int("num_rows", num_rows)
     model = CriteoLike(cardinalities, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
-                       signal=signal, seed=seed)
+                       signal=signal, interactions=interactions, seed=seed)
     generator = {"name": "criteo_like", "version": GENERATOR_VERSION, "num_rows": num_rows,
                  "first_block": first_block, "num_parts": num_parts, "row_group_size": row_group_size,
                  "keysets": keysets, **model.params()}
@@ -287,7 +320,7 @@ def hex_tokens(f: int, ids: np.ndarray) -> pa.Array:
 
 def write_criteo_tsv(out_dir: str | Path, num_rows: int, *, num_files: int = 1,
                      cardinalities: Sequence[int] | None = None, zipf_exponent: float = 1.1,
-                     positive_rate: float = 0.25, signal: float = 1.0, seed: int = 0,
+                     positive_rate: float = 0.25, signal: float = 1.0, interactions: float = 0.0, seed: int = 0,
                      overwrite: bool = False, reuse: bool = False, progress: bool = True) -> list[Path]:
     """Write Criteo-format day files ``day_0 .. day_{num_files-1}`` (tab-separated, no header:
     label, 13 integers with empty fields for missing values, 26 hex tokens).
@@ -300,7 +333,7 @@ def write_criteo_tsv(out_dir: str | Path, num_rows: int, *, num_files: int = 1,
     if num_rows < num_files:
         raise ValueError(f"num_rows={num_rows} is less than num_files={num_files}")
     model = CriteoLike(cardinalities, zipf_exponent=zipf_exponent, positive_rate=positive_rate,
-                       signal=signal, seed=seed)
+                       signal=signal, interactions=interactions, seed=seed)
     generator = {"name": "criteo_like_tsv", "version": GENERATOR_VERSION, "num_rows": num_rows,
                  "num_files": num_files, **model.params()}
     files = [Path(out_dir) / f"day_{i}" for i in range(num_files)]
