@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.training.loop import evaluate
 
 
 class ThroughputLogger(keras.callbacks.Callback):
@@ -100,3 +101,91 @@ class ThroughputLogger(keras.callbacks.Callback):
     def mean(self) -> float:
         """Mean of the windows' rates (NaN before the first window)."""
         return sum(r for _, r in self.history) / len(self.history) if self.history else float("nan")
+
+
+class StepLosses(keras.callbacks.Callback):
+    """Each training step's own loss, in ``losses``.
+
+    Keras reports the running mean of the epoch's losses after each step; the step's own loss is
+    recovered from two consecutive means (``(b + 1) * mean_b - b * mean_{b-1}``), which is what a
+    plot of a loss curve needs. Restarts with every epoch, as Keras' mean does, and keeps
+    appending. Use it with ``steps_per_execution=1`` (Keras' default), where every step reports.
+
+    Example:
+        >>> import numpy as np
+        >>> model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False)])
+        >>> model.compile(keras.optimizers.SGD(0.0), "mse")  # a rate of 0: the loss of each batch is known
+        >>> model.layers[0].set_weights([np.zeros((1, 1))])
+        >>> losses = StepLosses()
+        >>> _ = model.fit(np.zeros((6, 1)), np.array([1.0, 1, 2, 2, 3, 3]), batch_size=2, shuffle=False,
+        ...               callbacks=[losses], verbose=0)
+        >>> [round(x, 4) for x in losses.losses]
+        [1.0, 4.0, 9.0]
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.losses: list[float] = []
+        self._sum = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._sum = 0.0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        total = (batch + 1) * float((logs or {})["loss"])
+        self.losses.append(total - self._sum)
+        self._sum = total
+
+
+class ValidationAUC(keras.callbacks.Callback):
+    """The validation AUC every `every` training steps (and at the end), for a learning curve.
+
+    ``history`` holds ``(step, auc)`` pairs; each is also written to TensorBoard as ``val_auc``
+    when `log_dir` is given. The AUC is exact over the loader's rows
+    (`sok_tutorial.training.evaluate`), so curves of different models on the same loader compare.
+
+    Args:
+        loader: validation batches ``(features, labels)``, read once per evaluation.
+        every: training steps between evaluations.
+        from_logits: whether the model outputs logits (else probabilities).
+        max_batches: evaluate on at most this many batches (None: all).
+        log_dir: a TensorBoard run directory.
+
+    Example:
+        >>> import numpy as np
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(512, 2)).astype("float32")
+        >>> y = (x[:, :1] > 0).astype("float32")
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(keras.optimizers.SGD(0.5), keras.losses.BinaryCrossentropy(from_logits=True))
+        >>> curve = ValidationAUC([(x[:256], y[:256])], every=4)
+        >>> _ = model.fit(x, y, batch_size=32, epochs=1, callbacks=[curve], verbose=0)
+        >>> [step for step, _ in curve.history], curve.history[-1][1] > 0.9
+        ([4, 8, 12, 16], True)
+    """
+
+    def __init__(self, loader: Any, every: int, *, from_logits: bool = True, max_batches: int | None = None,
+                 log_dir: str | Path | None = None):
+        super().__init__()
+        self.loader, self.every = loader, checks.positive_int("every", every)
+        self.from_logits, self.max_batches = from_logits, max_batches
+        self.writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
+        self.history: list[tuple[int, float]] = []
+        self._step = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._step += 1
+        if self._step % self.every == 0:
+            self._evaluate()
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if not self.history or self.history[-1][0] != self._step:
+            self._evaluate()
+
+    def _evaluate(self) -> None:
+        auc = evaluate(self.model, self.loader, from_logits=self.from_logits, max_batches=self.max_batches)["auc"]
+        self.history.append((self._step, auc))
+        if self.writer is not None:
+            with self.writer.as_default():
+                tf.summary.scalar("val_auc", auc, step=self._step)
+            self.writer.flush()
