@@ -92,11 +92,12 @@ class ThroughputLogger(keras.callbacks.Callback):
         if self.writer is not None:
             self.writer.flush()
 
-    def rate(self) -> float:
-        """Samples per second over all steps after the warm-up (NaN before any)."""
-        if self._first is None or self._end is None or self._end <= self._first:
+    def rate(self, excluding: float = 0.0) -> float:
+        """Samples per second over all steps after the warm-up (NaN before any), less `excluding`
+        seconds spent in that time on something else (e.g. `ValidationAUC.seconds_between`)."""
+        if self._first is None or self._end is None or self._end - excluding <= self._first:
             return float("nan")
-        return self._total_samples / (self._end - self._first)
+        return self._total_samples / (self._end - self._first - excluding)
 
     def mean(self) -> float:
         """Mean of the windows' rates (NaN before the first window)."""
@@ -141,7 +142,8 @@ class ValidationAUC(keras.callbacks.Callback):
     """The validation AUC every `every` training steps (and at the end), for a learning curve.
 
     ``history`` holds ``(step, auc)`` pairs; each is also written to TensorBoard as ``val_auc``
-    when `log_dir` is given. The AUC is exact over the loader's rows
+    when `log_dir` is given. ``seconds`` holds each evaluation's duration, so a throughput figure
+    can leave them out (`seconds_between`). The AUC is exact over the loader's rows
     (`sok_tutorial.training.evaluate`), so curves of different models on the same loader compare.
 
     Args:
@@ -171,7 +173,13 @@ class ValidationAUC(keras.callbacks.Callback):
         self.from_logits, self.max_batches = from_logits, max_batches
         self.writer = tf.summary.create_file_writer(str(log_dir)) if log_dir is not None else None
         self.history: list[tuple[int, float]] = []
+        self.seconds: list[float] = []
         self._step = 0
+
+    def seconds_between(self, first: int, last: int) -> float:
+        """Seconds spent evaluating after step `first` and before step `last` ended: the time a
+        `ThroughputLogger` warmed up for `first` steps counted in a run of `last` steps."""
+        return sum(s for (step, _), s in zip(self.history, self.seconds) if first <= step < last)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._step += 1
@@ -183,8 +191,10 @@ class ValidationAUC(keras.callbacks.Callback):
             self._evaluate()
 
     def _evaluate(self) -> None:
+        start = time.perf_counter()
         auc = evaluate(self.model, self.loader, from_logits=self.from_logits, max_batches=self.max_batches)["auc"]
         self.history.append((self._step, auc))
+        self.seconds.append(time.perf_counter() - start)
         if self.writer is not None:
             with self.writer.as_default():
                 tf.summary.scalar("val_auc", auc, step=self._step)

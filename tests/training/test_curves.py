@@ -39,6 +39,18 @@ def test_validation_auc_every_n_steps_and_at_the_end(tmp_path):
     assert curve.history[-1][1] == pytest.approx(evaluate(model, valid)["auc"])
     assert curve.history[-1][1] > curve.history[0][1] - 0.05 and curve.history[-1][1] > 0.8
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert len(curve.seconds) == 3 and all(s > 0 for s in curve.seconds)
+    assert curve.seconds_between(5, 12) == pytest.approx(sum(curve.seconds[:2]))  # not the one after the last step
+
+
+def test_a_throughput_can_leave_out_the_evaluations():
+    from sok_tutorial.training.callbacks import ThroughputLogger
+
+    model, x, y = model_and_data()
+    throughput, curve = ThroughputLogger(50, every=4, warmup=2), ValidationAUC([(x, y)] * 20, every=3)
+    model.fit(x[:600], y[:600], batch_size=50, epochs=1, callbacks=[throughput, curve], verbose=0)
+    spent = curve.seconds_between(2, 12)
+    assert spent > 0 and throughput.rate(excluding=spent) > throughput.rate()
 
 
 def test_every_must_be_positive():
