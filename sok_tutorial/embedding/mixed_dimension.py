@@ -11,6 +11,7 @@ projection ``P_i`` (``d_i x D``, no bias) so every key's vector is ``D`` wide::
 
 The paper's rule gives block ``i`` the width ``d_i = D (p_i / max_j p_j) ** alpha``, ``p_i``
 the popularity of one of its rows (lookups of the block over its rows): `mixed_dimensions`.
+`frequency_blocks` sizes a feature's layer from its ids' counts: ranks, blocks and widths.
 
 References:
     A. Ginart, M. Naumov, D. Mudigere, J. Yang, J. Zou, "Mixed Dimension Embeddings with
@@ -19,7 +20,7 @@ References:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 import numpy as np
@@ -82,6 +83,61 @@ def mixed_dimensions(block_sizes: Sequence[int], base_dim: int, alpha: float = 0
     popularity = counts / sizes
     dims = np.rint(base_dim * (popularity / popularity.max()) ** alpha)
     return [int(d) for d in np.clip(dims, min_dim, base_dim)]
+
+
+class FrequencyBlocks(NamedTuple):
+    """A feature's mixed-dimension layout (`frequency_blocks`)."""
+
+    block_sizes: list[int]  # ids per block, most frequent first: a `MixedDimensionEmbedding`'s block_sizes
+    block_dims: list[int]  # each block's width: its block_dims
+    inverse: np.ndarray  # inverse[id]: the id's rank by count, the key the layer takes (`frequency_order`)
+
+
+def frequency_blocks(counts: Any, fractions: Sequence[float], base_dim: int, alpha: float = 0.3, *,
+                     min_dim: int = 1) -> FrequencyBlocks:
+    """Blocks and widths of a `MixedDimensionEmbedding` for one feature, from its ids' counts.
+
+    The ids are ranked by count (`frequency_order`) and cut into consecutive blocks holding
+    `fractions` of them, most frequent first (each block at least one id, the last the ids the
+    others leave); each block's width follows from its share of the lookups (`mixed_dimensions`
+    with ``block_counts``), so a block of rare ids gets a narrow table however many ids it holds.
+
+    Args:
+        counts: ``[V]`` non-negative lookups of each id ``0 .. V-1``, say ``np.bincount`` of the
+            feature's training column with ``minlength=V``.
+        fractions: the blocks' shares of the ``V`` ids, positive, adding up to 1.
+        base_dim, alpha, min_dim: as in `mixed_dimensions` (the widest block is `base_dim` wide).
+
+    Returns:
+        `FrequencyBlocks`: ``block_sizes`` and ``block_dims`` for the layer, and ``inverse``, the
+        remapping from ids to the ranked keys the layer looks up.
+
+    Example:
+        >>> counts = [5, 40, 0, 40, 1, 2, 0, 0, 3, 9]  # ids 1 and 3 most often, then 9, 0, 8, ...
+        >>> blocks = frequency_blocks(counts, [0.2, 0.3, 0.5], 8, alpha=0.5)
+        >>> blocks.block_sizes, blocks.block_dims  # lookups per row: 80/2, 17/3, 3/5
+        ([2, 3, 5], [8, 3, 1])
+        >>> blocks.inverse[[1, 3, 9]].tolist()  # the most frequent ids are keys 0, 1, 2
+        [0, 1, 2]
+    """
+    counts = np.asarray(counts)
+    order, inverse = frequency_order(counts)
+    shares = np.asarray(fractions, np.float64)
+    if shares.ndim != 1 or not shares.size or not (shares > 0).all() or abs(shares.sum() - 1) > 1e-6:
+        raise ValueError(f"fractions={fractions!r} is invalid: expected one or more positive shares of the ids "
+                         "adding up to 1")
+    if len(counts) < len(shares):
+        raise ValueError(f"counts has {len(counts)} ids, fewer than the {len(shares)} blocks of "
+                         f"fractions={fractions!r}: expected at least one id per block")
+    sizes = [max(1, int(f * len(counts))) for f in shares[:-1]]
+    sizes.append(len(counts) - sum(sizes))
+    if sizes[-1] < 1:
+        raise ValueError(f"fractions={fractions!r} leave no id of {len(counts)} for the last block: expected at "
+                         "least one id per block")
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    block_counts = np.add.reduceat(counts[order].astype(np.float64), starts)
+    dims = mixed_dimensions(sizes, base_dim, alpha, block_counts=block_counts, min_dim=min_dim)
+    return FrequencyBlocks(sizes, dims, inverse)
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
