@@ -21,7 +21,9 @@ import argparse
 import json
 import os
 import sys
+import time
 import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,46 +53,153 @@ def online_model(capacity: int, dim: int, learning_rate: float, seed: int = 0, *
     return model
 
 
-_STEPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # a model's traced step
+_STEPS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()  # a model's steps, by size
 
 
 def train_day(model: Any, strategy: Any, keys: np.ndarray, labels: np.ndarray, batch_size: int) -> None:
-    """One epoch over a day in order, each global batch split into contiguous parts over the
-    replicas (of this process or of a cluster): the loss of a step is the mean over its global
-    batch, as one device's."""
-    import tensorflow as tf
+    """One epoch over a day in order with `sok_tutorial.training.make_sok_step` on `strategy`'s
+    replicas (of this process or of a cluster): each global batch split into contiguous parts,
+    the loss of a step the mean over its global batch, as on one device. The day's last, shorter
+    batch gets a step of its own size; it must split over the replicas too.
+    """
+    from sok_tutorial.training import make_sok_step
 
-    n = strategy.num_replicas_in_sync
-    if model not in _STEPS:
-        if not model.optimizer.built:  # its slots made here, not inside the traced step
-            with strategy.scope():
-                model.optimizer.build(model.trainable_variables)
-        _STEPS[model] = _step(model, strategy)
-    step = _STEPS[model]
+    n, tail = strategy.num_replicas_in_sync, len(keys) % batch_size
+    if tail % n:
+        raise ValueError(f"a day of {len(keys)} rows ends in a batch of {tail}, which does not split over {n} "
+                         f"replicas: expected rows per day and batch_size={batch_size} that leave a multiple of {n}")
+    steps = _STEPS.setdefault(model, {})
     for start in range(0, len(keys), batch_size):
         x, y = keys[start:start + batch_size], labels[start:start + batch_size]
-        per = -(-len(x) // n)
-
-        def part(array: np.ndarray) -> Any:
-            return strategy.experimental_distribute_values_from_function(
-                lambda ctx, a=array: tf.constant(a[ctx.replica_id_in_sync_group * per:][:per]))
-        step(part(x), part(y), tf.constant(len(x), tf.float32))
+        if len(x) not in steps:
+            steps[len(x)] = make_sok_step(model, model.optimizer, global_batch_size=len(x), strategy=strategy)
+        steps[len(x)](x, y)
 
 
-def _step(model: Any, strategy: Any) -> Any:
-    import keras
-    import tensorflow as tf
+def score(model: Any, keys: np.ndarray) -> np.ndarray:
+    """The model's click logits for a day's keys ``[rows, 2]`` -> ``[rows]``."""
+    return model.predict(keys, batch_size=8192, verbose=0)[:, 0]
 
-    @tf.function(reduce_retracing=True)
-    def step(x: Any, y: Any, size: Any) -> None:
-        def replica_step(x: Any, y: Any) -> None:
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                loss = tf.reduce_sum(keras.losses.binary_crossentropy(y, logits, from_logits=True)) / size
-            variables = model.trainable_variables
-            model.optimizer.apply(tape.gradient(loss, variables), variables)
-        strategy.run(replica_step, args=(x, y))
-    return step
+
+def train_days(model: Any, days: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, *, strategy: Any = None,
+               after_day: Callable[[int, Any], None] | None = None, progress: bool = False,
+               desc: str | None = None) -> dict[str, list[float]]:
+    """The online protocol, day by day: score day ``d`` with the model trained on days
+    ``0 .. d-1`` (the next-day AUC, `roc_auc`, from day 1), train one epoch on day ``d`` in order,
+    then call ``after_day(d, model)`` (to publish, say).
+
+    Args:
+        days: ``(keys [rows, 2], labels [rows, 1])`` per day (`data_gen.drifting.drifting_day`).
+        strategy: None trains with ``model.fit``; a strategy, with `train_day` over its replicas.
+
+    Returns:
+        ``{"auc": [days - 1], "rows": [days], "evicted": [days], "train_s": [days]}``: the
+        next-day AUCs, and after each day the rows the table holds, the keys it evicted so far
+        and the seconds training took.
+
+    Example:
+        >>> from data_gen.drifting import drifting_day
+        >>> days = [drifting_day(d, rows=512, population=200, item_drift=50, user_drift=20) for d in range(3)]
+        >>> run = train_days(online_model(256, 4, 0.01, eviction_policy="lru"), days, 128)
+        >>> len(run["auc"]), run["rows"][-1] <= 256
+        (2, True)
+    """
+    import sok_tutorial as sok
+    from sok_tutorial.progress import progress_bar
+    from sok_tutorial.training.metrics import roc_auc
+
+    table, run = sok.tables_of(model)[0], {"auc": [], "rows": [], "evicted": [], "train_s": []}
+    with progress_bar(progress, total=len(days), desc=desc or "days", unit="day") as bar:
+        for d, (x, y) in enumerate(days):
+            if d > 0:
+                run["auc"].append(roc_auc(y[:, 0], score(model, x)))
+            start = time.perf_counter()
+            if strategy is None:
+                model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)  # rows come shuffled
+            else:
+                train_day(model, strategy, x, y, batch_size)
+            run["train_s"].append(time.perf_counter() - start)
+            run["rows"].append(table.size)
+            run["evicted"].append(table.evictions)
+            if after_day is not None:
+                after_day(d, model)
+            bar.update(1)
+    return run
+
+
+class Publisher:
+    """A trainer's side of serving, one `publish` a day: the first writes a full export of the
+    model's tables (`export_model_tables`) to ``out/serving``; each later one writes the rows
+    changed and the keys evicted since the previous (`export_delta`) to ``out/delta-<nn>`` and,
+    with `apply`, merges it into ``out/serving`` (`apply_delta`) as the server would.
+
+    Args:
+        out: the directory of ``serving``, the deltas and ``full-export``.
+        apply: merge each delta into ``serving`` (False where the server applies them itself).
+        full_exports: also write a full export (``out/full-export``) with each delta, to weigh
+            and time against it.
+
+    Attributes:
+        serving: the export the deltas apply to.
+        delta_bytes, delta_seconds, full_bytes, full_seconds: one per delta, on disk and to write.
+
+    Example:
+        >>> import tempfile
+        >>> model = online_model(64, 4, 0.01, eviction_policy="lru")
+        >>> publisher, keys = Publisher(tempfile.mkdtemp()), np.array([[1, 2]], np.int64)
+        >>> for day in range(3):
+        ...     _ = model.fit(keys + day, np.ones((1, 1), np.float32), verbose=0)
+        ...     _ = publisher.publish(model)
+        >>> sorted(p.name for p in publisher.out.glob("[a-z]*")), len(publisher.delta_bytes)
+        (['delta-01', 'delta-02', 'serving'], 2)
+    """
+
+    def __init__(self, out: str | os.PathLike, *, apply: bool = True, full_exports: bool = False):
+        self.out, self.apply, self.full_exports = Path(out), apply, full_exports
+        self.serving = self.out / "serving"
+        self.delta_bytes: list[int] = []
+        self.delta_seconds: list[float] = []
+        self.full_bytes: list[int] = []
+        self.full_seconds: list[float] = []
+        self._base: Path | None = None
+        self._published = 0
+
+    def publish(self, model: Any) -> Path:
+        """Export `model` (in full the first time, a delta after); returns the directory written."""
+        from sok_tutorial.training import apply_delta, export_delta, export_model_tables
+
+        if self._base is None:
+            self._base = export_model_tables(model, self.serving, overwrite=True)
+            self._published = 1
+            return self._base
+        start = time.perf_counter()
+        delta = export_delta(model, self.out / f"delta-{self._published:02d}", since=self._base, overwrite=True)
+        self.delta_seconds.append(time.perf_counter() - start)
+        self.delta_bytes.append(_bytes_in(delta))
+        if self.apply:
+            apply_delta(self.serving, delta)
+        if self.full_exports:
+            start = time.perf_counter()
+            full = export_model_tables(model, self.out / "full-export", overwrite=True)
+            self.full_seconds.append(time.perf_counter() - start)
+            self.full_bytes.append(_bytes_in(full))
+        self._base, self._published = delta, self._published + 1
+        return delta
+
+
+def _bytes_in(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def load_server(path: str | os.PathLike, make_model: Callable[[], Any]) -> Any:
+    """A one-device model holding the export at `path`, as a server would: ``make_model()`` (an
+    `online_model` with the trainer's options, unsharded), built on one row, then loaded."""
+    from sok_tutorial.training import checkpoint
+
+    server = make_model()
+    server.predict(np.zeros((1, 2), np.int64), verbose=0)
+    checkpoint.load_checkpoint(path, server)
+    return server
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -118,22 +227,19 @@ def main(argv: list[str] | None = None) -> int:
     # worker if one fails, and a timeout would hold a thread per collective for its duration
     strategy = sok.make_strategy(collective_timeout=None)
     from data_gen.drifting import drifting_day
-    from sok_tutorial.training import export_delta, export_model_tables
+    from sok_tutorial.training import export_model_tables
 
     n, out = strategy.num_replicas_in_sync, Path(args.out)
     rank = int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
     with strategy.scope():
         model = online_model(sok.rows_per_replica(args.capacity, n), args.dim, args.learning_rate, args.seed,
                              eviction_policy="lru", sharding="row")
-    base = None
+    publisher = Publisher(out, apply=False)  # the server applies each delta once it has scored the next day
     for day in range(args.days):
         keys, labels = drifting_day(day, rows=args.rows_per_day, population=args.population,
                                     item_drift=args.item_drift, user_drift=args.user_drift, seed=args.seed)
         train_day(model, strategy, keys, labels, args.batch_size)
-        if base is None:
-            base = export_model_tables(model, out / "serving", overwrite=True)
-        else:
-            base = export_delta(model, out / f"delta-{day:02d}", since=base, overwrite=True)
+        publisher.publish(model)
     export_model_tables(model, out / "final", overwrite=True)
     table = sok.tables_of(model)[0]
     print(f"worker {rank}: {n} replicas, {args.days} days, rows held {table.size:,}, evicted {table.evictions:,}",
