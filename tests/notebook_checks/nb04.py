@@ -25,6 +25,7 @@ def check_04(m: dict[str, Any], p: dict[str, Any]) -> None:
 
 SMOKE = (
     {
+        "DEVICE": "auto",
         "NUM_REPLICAS": 2,
         "GLOBAL_BATCH_SIZE": 256,
         "ITERATIONS": 8,
