@@ -8,6 +8,8 @@ NOTEBOOK = "03-training-overview-movielens"
 
 
 def check_03(m: dict[str, Any], p: dict[str, Any]) -> None:
+    from sok_tutorial import resolve_device  # imports TensorFlow: only when a run is checked
+
     per_epoch, aucs = m["steps_per_epoch"], m["eval_auc"]
     assert per_epoch == -(-m["train_rows"] // p["BATCH_SIZE"]) and m["batch_size"] == p["BATCH_SIZE"]
     assert m["eval_steps"] == [per_epoch * (i + 1) for i in range(len(aucs))]  # one evaluation an epoch
@@ -17,6 +19,7 @@ def check_03(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert m["train_rows"] + m["valid_rows"] == p["NUM_RATINGS"] and m["popularity_rows"] == m["valid_rows"]
     assert 0.5 < min(m["popularity_auc"], m["logistic_auc"], m["final_auc"])
     assert max(m["popularity_auc"], m["logistic_auc"], m["final_auc"]) <= m["oracle_auc"] + 0.02
+    assert m["device"] == resolve_device(p["DEVICE"])  # where the models were built and trained
 
 
 def margins_03(m: dict[str, Any], p: dict[str, Any]) -> None:
@@ -39,6 +42,7 @@ SMOKE = (
         "PATIENCE": 2,
         "EMBEDDING_DIM": 8,
         "L2": 0.0,
+        "DEVICE": "auto",
         "PROGRESS": False,
     },
     check_03,
@@ -59,6 +63,7 @@ LARGER = (
         "PATIENCE": 2,
         "EMBEDDING_DIM": 32,
         "L2": 0.0,
+        "DEVICE": "auto",
         "PROGRESS": False,
     },
     margins_03,
