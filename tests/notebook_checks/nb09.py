@@ -17,6 +17,11 @@ def check_09(m: dict[str, Any], p: dict[str, Any]) -> None:
     assert all(0 < a <= m["oracle_auc"] + 0.02 for a in auc.values())
     assert held["bfloat16"] < held["float32"] == m["plan_bytes_per_replica"]
     assert all(held[v] < m["budget_bytes"] for v in ("qr", "mixed") if v in held)  # small enough to replicate
+    n, by_replica = p["NUM_REPLICAS"], m["measured_bytes_by_replica"]  # read on the trained replicas' variables
+    assert m["trained_replicas"] == {v: n for v in p["VARIANTS"]} and sorted(by_replica) == sorted(p["VARIANTS"])
+    assert all(b == [held[v]] * n for v, b in by_replica.items())  # every replica holds the same bytes
+    planned = m["planned_bytes_per_replica"]
+    assert by_replica["float32"] == [planned["float32"]] * n and by_replica["bfloat16"] == [planned["bfloat16"]] * n
 
 
 def margins_09(m: dict[str, Any], p: dict[str, Any]) -> None:
