@@ -3,7 +3,10 @@ cluster of worker processes that publishes a serving export and a delta a day.
 
 `online_model` is the notebook's model: a user's and an item's vector from one
 `DistributedEmbedding` (any table options: ``eviction_policy``, ``sharding``...), concatenated,
-through two dense layers. Run through the launcher, `main` trains it on the drifting stream of
+through two dense layers. `train_days` runs the online protocol (score each next day before
+training on it; with ``model.fit``, or `train_day` on a strategy's replicas), a `Publisher` ships
+the trainer's tables to a server (a full export, then a delta a day) and `load_server` is the
+server's one-device copy of an export. Run through the launcher, `main` trains it on the drifting stream of
 `data_gen.drifting` as 2 (or more) worker processes with the table sharded row-wise over them::
 
     python -m sok_tutorial.launch --workers 2 -m sok_tutorial.examples.online --out DIR --days 8
