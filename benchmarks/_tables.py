@@ -28,7 +28,7 @@ NT, DIM, BATCH = 26, 16, 8192
 ROWS_PER_TABLE = 10_000_000 // NT
 WARM, STEPS = 3, 20
 OPTIMIZERS = {"sgd": ("SGD", 1e-2), "adagrad": ("Adagrad", 1e-2), "adam": ("Adam", 1e-3),  # the peer script's rates
-              "lazyadam": ("LazyAdam", 1e-3)}
+              "lazyadam": ("LazyAdam", 1e-3), "rowwise_adagrad": ("RowWiseAdagrad", 1e-2)}
 INDEXES = ("ours", "dense_hash_table", "mutable_hash_table", "reduce")
 
 
@@ -62,10 +62,13 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
         for keys, labels in data:
             step(keys, labels)
-    times = timed(step, data[:WARM + steps])[WARM:]
+    timed(step, data[:WARM])
+    cpu, wall = time.process_time(), time.perf_counter()
+    times = timed(step, data[WARM:WARM + steps])
+    busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # every thread of the process
     rates = [BATCH / t for t in times]
     result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
-              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size}
+              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size, "cpu_busy": busy}
     if profile:
         result["profile_ms"] = profile_ops(step, data[WARM + steps:])
     return result
