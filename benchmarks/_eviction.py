@@ -216,6 +216,7 @@ def deltas(steps: int = STEPS) -> list[dict[str, Any]]:
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    from sok_tutorial.data.describe import disk_bytes
     from sok_tutorial.embedding import lifecycle
     from sok_tutorial.training import export_delta, export_model_tables
 
@@ -226,9 +227,6 @@ def deltas(steps: int = STEPS) -> list[dict[str, Any]]:
     table = embedding.table
     _tables.timed(step, data[:fill])
     work = Path(tempfile.mkdtemp())
-
-    def size(path: Path) -> int:
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
     def export(kind: str, since: Path | None = None) -> tuple[Path, float]:
         start = time.perf_counter()
@@ -244,7 +242,7 @@ def deltas(steps: int = STEPS) -> list[dict[str, Any]]:
         delta, delta_s = export("delta", since=base)
         full, full_s = export("full")
         changed = len(lifecycle.changed_since(table, since))
-        delta_bytes, full_bytes = size(delta), size(full)
+        delta_bytes, full_bytes = disk_bytes(delta), disk_bytes(full)
         out.append({"steps": churn, "rows_changed": changed, "changed_share": round(changed / table.size, 3),
                     "evicted": table.evictions - evictions, "delta_mib": round(delta_bytes / 2**20, 2),
                     "full_mib": round(full_bytes / 2**20, 2), "delta_s": round(delta_s, 3),

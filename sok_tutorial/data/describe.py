@@ -1,5 +1,5 @@
 """What a dataset directory holds, in a form a notebook can show: its schema as a table, its size
-on disk.
+on disk (of any directory: an export, a delta).
 
 A dataset directory is self-describing (``schema.json`` names every column's kind, dtype and
 cardinality), so a reader can check what the loader will be told before any training starts.
@@ -42,11 +42,28 @@ def schema_table(schema: Schema) -> pd.DataFrame:
     return table.loc[:, (table != "").any()]
 
 
-def disk_mib(path: str | os.PathLike) -> float:
-    """Size of the files under `path` (a directory, searched recursively, or one file), in MiB.
+def disk_bytes(path: str | os.PathLike) -> int:
+    """Bytes of the files under `path` (a directory, searched recursively, or one file).
 
     Raises:
         FileNotFoundError: `path` does not exist.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "part.parquet").write_bytes(b"x" * 1000)
+        >>> disk_bytes(d), disk_bytes(d / "part.parquet")
+        (1000, 1000)
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path={str(path)!r} does not exist")
+    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
+    return sum(f.stat().st_size for f in files)
+
+
+def disk_mib(path: str | os.PathLike) -> float:
+    """`disk_bytes` of `path` in MiB.
 
     Example:
         >>> import tempfile, pathlib
@@ -55,8 +72,4 @@ def disk_mib(path: str | os.PathLike) -> float:
         >>> disk_mib(d)
         0.5
     """
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"path={str(path)!r} does not exist")
-    files = [path] if path.is_file() else [f for f in path.rglob("*") if f.is_file()]
-    return sum(f.stat().st_size for f in files) / 2**20
+    return disk_bytes(path) / 2**20

@@ -56,7 +56,7 @@ def online_model(capacity: int, dim: int, learning_rate: float, seed: int = 0, *
     return model
 
 
-_STEPS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()  # a model's steps, by size
+_STEPS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # a model's `StepsBySize`
 
 
 def train_day(model: Any, strategy: Any, keys: np.ndarray, labels: np.ndarray, batch_size: int) -> None:
@@ -65,18 +65,16 @@ def train_day(model: Any, strategy: Any, keys: np.ndarray, labels: np.ndarray, b
     the loss of a step the mean over its global batch, as on one device. The day's last, shorter
     batch gets a step of its own size; it must split over the replicas too.
     """
-    from sok_tutorial.training import make_sok_step
+    from sok_tutorial.training import StepsBySize
 
     n, tail = strategy.num_replicas_in_sync, len(keys) % batch_size
     if tail % n:
         raise ValueError(f"a day of {len(keys)} rows ends in a batch of {tail}, which does not split over {n} "
                          f"replicas: expected rows per day and batch_size={batch_size} that leave a multiple of {n}")
-    steps = _STEPS.setdefault(model, {})
+    if model not in _STEPS:
+        _STEPS[model] = StepsBySize(model, model.optimizer, strategy=strategy)
     for start in range(0, len(keys), batch_size):
-        x, y = keys[start:start + batch_size], labels[start:start + batch_size]
-        if len(x) not in steps:
-            steps[len(x)] = make_sok_step(model, model.optimizer, global_batch_size=len(x), strategy=strategy)
-        steps[len(x)](x, y)
+        _STEPS[model](keys[start:start + batch_size], labels[start:start + batch_size])
 
 
 def score(model: Any, keys: np.ndarray) -> np.ndarray:
@@ -169,6 +167,7 @@ class Publisher:
 
     def publish(self, model: Any) -> Path:
         """Export `model` (in full the first time, a delta after); returns the directory written."""
+        from sok_tutorial.data.describe import disk_bytes
         from sok_tutorial.training import apply_delta, export_delta, export_model_tables
 
         if self._base is None:
@@ -178,20 +177,16 @@ class Publisher:
         start = time.perf_counter()
         delta = export_delta(model, self.out / f"delta-{self._published:02d}", since=self._base, overwrite=True)
         self.delta_seconds.append(time.perf_counter() - start)
-        self.delta_bytes.append(_bytes_in(delta))
+        self.delta_bytes.append(disk_bytes(delta))
         if self.apply:
             apply_delta(self.serving, delta)
         if self.full_exports:
             start = time.perf_counter()
             full = export_model_tables(model, self.out / "full-export", overwrite=True)
             self.full_seconds.append(time.perf_counter() - start)
-            self.full_bytes.append(_bytes_in(full))
+            self.full_bytes.append(disk_bytes(full))
         self._base, self._published = delta, self._published + 1
         return delta
-
-
-def _bytes_in(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def load_server(path: str | os.PathLike, make_model: Callable[[], Any]) -> Any:

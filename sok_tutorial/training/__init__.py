@@ -8,6 +8,7 @@ _NAMES = {
     "History": "sok_tutorial.training.loop",
     "make_sok_step": "sok_tutorial.training.step",
     "SokStep": "sok_tutorial.training.step",
+    "StepsBySize": "sok_tutorial.training.step",
     "save_checkpoint": "sok_tutorial.training.checkpoint",
     "load_checkpoint": "sok_tutorial.training.checkpoint",
     "latest_checkpoint": "sok_tutorial.training.checkpoint",

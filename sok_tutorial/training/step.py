@@ -150,3 +150,40 @@ def make_sok_step(model: Any, sparse_optimizer: Any, dense_optimizer: Any = None
             if optimizer is not None and its and not optimizer.built:
                 optimizer.build(list(its))
     return SokStep(model, sparse_optimizer, dense_optimizer, loss, strategy, global_batch_size)
+
+
+class StepsBySize:
+    """`make_sok_step` for batches of any size: one step per global batch size, made on first use.
+
+    A step averages its loss over the global batch it was made for, so a pass whose last batch is
+    shorter needs a step of that batch's size: its loss is then the mean over its own rows, what
+    ``model.fit`` does with a last batch. ``steps(features, labels)`` picks (or makes) the step for
+    the batch's rows; ``steps.steps`` holds them by size.
+
+    Args:
+        model, sparse_optimizer, dense_optimizer, loss, from_logits, strategy: as `make_sok_step`.
+
+    Example:
+        >>> import numpy as np
+        >>> import sok_tutorial as sok
+        >>> from sok_tutorial.models import EmbeddingMLP
+        >>> model = EmbeddingMLP({"user": 10}, dims=2, hidden=[4])
+        >>> _ = model({"user": np.zeros(2, np.int64)})
+        >>> steps = StepsBySize(model, sok.optimizers.SGD(0.1))
+        >>> for rows in (8, 8, 3):  # two whole batches and a short one
+        ...     _ = steps({"user": np.arange(rows) % 10}, np.ones((rows, 1), "float32"))
+        >>> sorted(steps.steps)
+        [3, 8]
+    """
+
+    def __init__(self, model: Any, sparse_optimizer: Any, dense_optimizer: Any = None, **options: Any):
+        self.model, self.sparse_optimizer, self.dense_optimizer = model, sparse_optimizer, dense_optimizer
+        self.options = options
+        self.steps: dict[int, SokStep] = {}
+
+    def __call__(self, features: Any, labels: Any) -> tf.Tensor:
+        rows = int(tf.nest.flatten(labels)[0].shape[0])
+        if rows not in self.steps:
+            self.steps[rows] = make_sok_step(self.model, self.sparse_optimizer, self.dense_optimizer,
+                                             global_batch_size=rows, **self.options)
+        return self.steps[rows](features, labels)

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from sok_tutorial.data.convert import to_parquet_dataset
-from sok_tutorial.data.describe import disk_mib, schema_table
+from sok_tutorial.data.describe import disk_bytes, disk_mib, schema_table
 from sok_tutorial.data.schema import ColumnSchema, Schema
 
 
@@ -30,8 +30,11 @@ def test_disk_mib_counts_nested_files_and_single_files(tmp_path):
     (tmp_path / "a" / "x.bin").write_bytes(b"0" * 2**20)
     (tmp_path / "y.bin").write_bytes(b"0" * 2**19)
     assert disk_mib(tmp_path) == 1.5 and disk_mib(tmp_path / "y.bin") == 0.5
+    assert disk_bytes(tmp_path) == 3 * 2**19
 
 
 def test_disk_mib_names_a_missing_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing"):
         disk_mib(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match="missing"):
+        disk_bytes(tmp_path / "missing")

@@ -9,7 +9,8 @@ import tensorflow as tf
 
 import sok_tutorial as sok
 from sok_tutorial.models import EmbeddingMLP
-from sok_tutorial.training import make_sok_step
+from sok_tutorial.training import StepsBySize, make_sok_step
+from sok_tutorial.training.callbacks import StepLosses
 
 BATCH, STEPS = 64, 6
 
@@ -44,25 +45,14 @@ def test_on_one_device_it_is_model_fit(l2):
     fitted = model_of(l2)
     fitted.compile(optimizer=sok.optimizers.Adam(0.02), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     x, y = data()
-    history = fitted.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[LossPerStep()])
+    per_step = StepLosses()
+    fitted.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[per_step])
     stepped = model_of(l2)
     step = make_sok_step(stepped, sok.optimizers.Adam(0.02), global_batch_size=BATCH)
     losses = [float(step(*b)) for b in batches()]
-    np.testing.assert_allclose(losses, history.model.step_losses, rtol=1e-5)
+    np.testing.assert_allclose(losses, per_step.losses, rtol=1e-5)
     for a, b in zip(weights_of(fitted), weights_of(stepped)):
         np.testing.assert_allclose(a, b, atol=1e-6)
-
-
-class LossPerStep(keras.callbacks.Callback):
-    """Each step's loss, from the running mean Keras reports."""
-
-    def on_train_begin(self, logs=None):
-        self.model.step_losses, self._sum = [], 0.0
-
-    def on_train_batch_end(self, batch, logs=None):
-        total = (batch + 1) * float(logs["loss"])
-        self.model.step_losses.append(total - self._sum)
-        self._sum = total
 
 
 def test_two_optimizers_update_their_own_variables():
@@ -133,3 +123,20 @@ def test_a_batch_that_does_not_split_over_the_replicas_is_refused(strategy_of):
         model = model_of()
     with pytest.raises(ValueError, match=r"global_batch_size=66 does not split over 4 replicas"):
         make_sok_step(model, sok.optimizers.SGD(0.1), global_batch_size=66, strategy=strategy)
+
+
+def test_steps_by_size_train_a_short_last_batch_as_model_fit_does():
+    """A pass of 6.5 batches: the short batch gets a step of its own size, and the whole pass equals
+    ``model.fit`` over the same rows."""
+    x, y = data()
+    rows = BATCH * STEPS - BATCH // 2
+    fitted = model_of()
+    fitted.compile(optimizer=sok.optimizers.Adam(0.02), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    fitted.fit({k: v[:rows] for k, v in x.items()}, y[:rows], batch_size=BATCH, shuffle=False, verbose=0)
+    stepped = model_of()
+    steps = StepsBySize(stepped, sok.optimizers.Adam(0.02))
+    for i in range(0, rows, BATCH):
+        steps({k: v[i:min(i + BATCH, rows)] for k, v in x.items()}, y[i:min(i + BATCH, rows)])
+    assert sorted(steps.steps) == [BATCH // 2, BATCH]
+    for a, b in zip(weights_of(fitted), weights_of(stepped)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
