@@ -179,8 +179,7 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
         return ParquetLoader(data / "criteo", batch, ["label"], cat_names=CAT_NAMES, cont_names=CONT_NAMES,
                              fill_nan=0.0, **kw)
 
-    def count(iterable) -> int:
-        return sum(int(labels.shape[0]) for _, labels in iterable)
+    from sok_tutorial.data.throughput import count_rows as count
 
     if case in TRAIN_CASES:
         return train(case, loader(), steps)
@@ -208,12 +207,9 @@ def run_case(case: str, data: Path, batch: int, steps: int) -> dict:
         def one_pass() -> int:
             return count(ds)
     elif case == "pandas_from_tensor_slices":
-        import pandas as pd
-        import tensorflow as tf
-        df = pd.concat([pd.read_parquet(f) for f in resolve_files(data / "criteo-native")], ignore_index=True)
-        df[CONT_NAMES] = df[CONT_NAMES].fillna(0.0)
-        labels = df.pop("label").to_numpy("float32")[:, None]
-        ds = tf.data.Dataset.from_tensor_slices((dict(df), labels)).shuffle(SHUFFLE_BUFFER).batch(batch)
+        from sok_tutorial.data.throughput import tensor_slices_dataset
+        ds = tensor_slices_dataset(data / "criteo-native", batch, ["label"], cont_names=CONT_NAMES,
+                                   shuffle_buffer=SHUFFLE_BUFFER)
 
         def one_pass() -> int:
             return count(ds)
