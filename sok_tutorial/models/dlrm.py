@@ -81,6 +81,33 @@ def pairwise_interaction(vectors: tf.Tensor, pad_to: int | None = None) -> tf.Te
     return pairs
 
 
+def continuous_input(features: Any, cont_names: Sequence[str], dtype: Any) -> tf.Tensor:
+    """``log(1 + max(x, 0))`` of the continuous features, ``[B, C]``: from ``features["continuous"]``
+    (the loaders' ``concat_continuous``) or stacked from ``features[name]`` for `cont_names`.
+    Count-like features have heavy tails; the log tames them before the bottom MLP."""
+    if "continuous" in features:
+        dense = tf.cast(features["continuous"], dtype)
+    else:
+        dense = tf.stack([tf.cast(features[n], dtype) for n in cont_names], axis=1)
+    return tf.math.log1p(tf.maximum(dense, 0))
+
+
+def mlps(bottom: Sequence[int], embedding_dim: int, top: Sequence[int]) -> tuple[list[Any], list[Any], Any]:
+    """DLRM's layers around the interaction: the bottom MLP (ending at `embedding_dim`), the top
+    MLP and the float32 logit (float32 even under mixed precision)."""
+    bottom_layers = [keras.layers.Dense(int(w), activation="relu", name=f"bottom_{i}")
+                     for i, w in enumerate([*bottom, embedding_dim])]
+    top_layers = [keras.layers.Dense(int(w), activation="relu", name=f"top_{i}") for i, w in enumerate(top)]
+    return bottom_layers, top_layers, keras.layers.Dense(1, name="logit", dtype="float32")
+
+
+def apply_layers(layers: Sequence[Any], x: tf.Tensor) -> tf.Tensor:
+    """`x` through `layers`, in order."""
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
 @keras.saving.register_keras_serializable(package="sok_tutorial")
 class DLRM(keras.Model):
     """DLRM over batches of ``{name: [B]}`` features, or of ``{"categorical": [B, 26],
@@ -111,10 +138,7 @@ class DLRM(keras.Model):
         self.embedding_kind = checks.one_of("embedding", embedding, ("sok", "keras"))
         self.pad_interaction_to = None if pad_interaction_to is None else checks.positive_int(
             "pad_interaction_to", pad_interaction_to)
-        self.bottom = [keras.layers.Dense(w, activation="relu", name=f"bottom_{i}")
-                       for i, w in enumerate(self.bottom_widths + [embedding_dim])]
-        self.top = [keras.layers.Dense(w, activation="relu", name=f"top_{i}") for i, w in enumerate(self.top_widths)]
-        self.logit = keras.layers.Dense(1, name="logit", dtype="float32")
+        self.bottom, self.top, self.logit = mlps(self.bottom_widths, embedding_dim, self.top_widths)
         if self.embedding_kind == "sok":
             self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]]).astype(np.int64)
             self.embedding = DistributedEmbedding("sum", int(sum(self.cardinalities)), embedding_dim,
@@ -126,17 +150,12 @@ class DLRM(keras.Model):
 
     def call(self, features: dict[str, Any], training: Any = None) -> tf.Tensor:
         with tf.name_scope("inputs"):
-            if "continuous" in features:  # the loaders' concat_continuous layout
-                dense = tf.cast(features["continuous"], self.compute_dtype)
-            else:
-                dense = tf.stack([tf.cast(features[n], self.compute_dtype) for n in self.cont_names], axis=1)
-            x = tf.math.log1p(tf.maximum(dense, 0))  # count-like features: heavy tails tamed
+            x = continuous_input(features, self.cont_names, self.compute_dtype)
             if "categorical" in features:  # concat_categorical
                 keys = tf.cast(features["categorical"], tf.int64)
             else:
                 keys = tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)  # (B, F)
-        for layer in self.bottom:
-            x = layer(x)  # (B, D)
+        x = apply_layers(self.bottom, x)  # (B, D)
         if self.embedding_kind == "sok":
             vectors = self.embedding(keys + self.offsets, training=training)  # one table: (B, F, D)
         else:
@@ -145,9 +164,7 @@ class DLRM(keras.Model):
             vectors = tf.cast(vectors, x.dtype)
             pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), self.pad_interaction_to)
             y = tf.concat([x, pairs], axis=1)
-        for layer in self.top:
-            y = layer(y)
-        return self.logit(y)  # (B, 1), float32 even under mixed precision
+        return self.logit(apply_layers(self.top, y))  # (B, 1), float32 even under mixed precision
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "cardinalities": self.cardinalities, "cat_names": self.cat_names,

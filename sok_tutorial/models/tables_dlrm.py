@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.models.dlrm import pairwise_interaction
+from sok_tutorial.models.dlrm import apply_layers, continuous_input, mlps, pairwise_interaction
 
 
 class TablesDLRM(keras.Model):
@@ -68,10 +68,7 @@ class TablesDLRM(keras.Model):
         self.tables, self.cont_names = dict(tables), list(cont_names)
         self.embedding_dim = int(next(iter(widths.values())))
         self.remap = {name: tf.constant(np.asarray(ids, np.int64)) for name, ids in remap.items()}
-        self.bottom = [keras.layers.Dense(int(w), activation="relu", name=f"bottom_{i}")
-                       for i, w in enumerate([*bottom_mlp, self.embedding_dim])]
-        self.top = [keras.layers.Dense(int(w), activation="relu", name=f"top_{i}") for i, w in enumerate(top_mlp)]
-        self.logit = keras.layers.Dense(1, name="logit", dtype="float32")
+        self.bottom, self.top, self.logit = mlps(bottom_mlp, self.embedding_dim, top_mlp)
 
     def build(self, input_shape: Any = None) -> None:
         """Builds the tables for real (a sharded table writes its initial rows on its replicas,
@@ -93,13 +90,7 @@ class TablesDLRM(keras.Model):
         self.built = True
 
     def call(self, features: Mapping[str, Any], training: Any = None) -> tf.Tensor:
-        if "continuous" in features:
-            dense = tf.cast(features["continuous"], self.compute_dtype)  # (B, C)
-        else:
-            dense = tf.stack([tf.cast(features[n], self.compute_dtype) for n in self.cont_names], axis=1)
-        x = tf.math.log1p(tf.maximum(dense, 0))  # count-like features: heavy tails tamed
-        for layer in self.bottom:
-            x = layer(x)  # (B, D)
+        x = apply_layers(self.bottom, continuous_input(features, self.cont_names, self.compute_dtype))  # (B, D)
         vectors = [x]
         for name, table in self.tables.items():
             keys = tf.reshape(tf.cast(features[name], tf.int64), [-1, 1])  # (B, 1)
@@ -107,7 +98,4 @@ class TablesDLRM(keras.Model):
                 keys = tf.gather(self.remap[name], keys)
             vectors.append(tf.cast(tf.reshape(table(keys, training=training), [-1, self.embedding_dim]), x.dtype))
         pairs = pairwise_interaction(tf.stack(vectors, axis=1))  # (B, F(F+1)/2)
-        y = tf.concat([x, pairs], axis=1)
-        for layer in self.top:
-            y = layer(y)
-        return self.logit(y)  # (B, 1)
+        return self.logit(apply_layers(self.top, tf.concat([x, pairs], axis=1)))  # (B, 1)
