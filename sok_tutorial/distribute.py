@@ -26,6 +26,11 @@ import tensorflow as tf
 from kernels import checks
 
 
+def _device_choice(device: Any) -> str:
+    """A ``DEVICE`` parameter, lower-cased and checked: ``"auto"``, ``"cpu"`` or ``"gpu"``."""
+    return checks.one_of("device", device.lower() if isinstance(device, str) else device, ("auto", "cpu", "gpu"))
+
+
 def replica_devices(num_replicas: int, device: str = "auto") -> list[str]:
     """Device names for a ``MirroredStrategy`` of `num_replicas` replicas: where the replicas live.
 
@@ -52,7 +57,7 @@ def replica_devices(num_replicas: int, device: str = "auto") -> list[str]:
         ['device:CPU:0']
     """
     checks.positive_int("num_replicas", num_replicas)
-    choice = checks.one_of("device", device.lower() if isinstance(device, str) else device, ("auto", "cpu", "gpu"))
+    choice = _device_choice(device)
     gpus = tf.config.list_physical_devices("GPU")
     if choice == "gpu" and len(gpus) < num_replicas:
         raise ValueError(f"device={device!r} with num_replicas={num_replicas}, but TensorFlow sees {len(gpus)} "
@@ -85,7 +90,7 @@ def resolve_device(device: str = "auto") -> str:
         >>> resolve_device("auto") == ("/GPU:0" if tf.config.list_physical_devices("GPU") else "/CPU:0")
         True
     """
-    choice = checks.one_of("device", device.lower() if isinstance(device, str) else device, ("auto", "cpu", "gpu"))
+    choice = _device_choice(device)
     has_gpu = bool(tf.config.list_physical_devices("GPU"))
     if choice == "gpu" and not has_gpu:
         raise ValueError(f"device={device!r}, but TensorFlow sees no GPU here; pass 'auto' or 'cpu'")
