@@ -15,10 +15,11 @@ report gives the embedding bytes a sok_lazyadam step moves per second as a fract
 Group ``torchrec_shape``: TorchRec's benchmark shape (``benchmarks/_tables.py``: 26 tables x
 384,615 rows folded into one, dim 16, batch 8192, one Zipf id per table, Linear(416 -> 1)), a
 static table (row ids) and a dynamic one (any int64 key, the in-graph index), each with SGD,
-Adagrad, Adam, LazyAdam and RowWiseAdagrad, with the cores each kept busy; the dynamic/static ratio, also for ``dynamic_warm`` (the dynamic table
-once every key has a row: the index's lookups without inserts); the per-op profile of the SGD and
-LazyAdam steps. With ``--torchrec PYTHON`` (TorchRec's virtualenv) and ``--peers DIR`` (the folder of
-``bench_torchrec.py``), TorchRec's fused CPU kernels and plain PyTorch run in the same rounds.
+Adagrad, Adam, LazyAdam and RowWiseAdagrad, with the cores each kept busy; the dynamic/static
+ratio, also for ``dynamic_warm`` (the dynamic table once every key has a row: the index's lookups
+without inserts); the per-op profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
+(TorchRec's virtualenv) and ``--peers DIR`` (the folder of ``bench_torchrec.py``), TorchRec's
+fused CPU kernels and plain PyTorch run in the same rounds.
 
 Group ``index``: the key index alone, lookup + insert of each step's distinct keys into an empty
 10M-row index, and lookups alone: ours against ``DenseHashTable`` and ``MutableHashTable``; and

@@ -10,8 +10,9 @@ Two sizes, chosen through each notebook's parameters:
   stopping, LRU keeping the AUC of an unbounded table, 16-bit tables training like 32-bit ones,
   worker processes). Its check adds those margins to the smoke check.
 
-Each notebook's runs and checks live in `tests/notebook_checks/nbNN.py`; a notebook without one fails. Speed ratios are printed by the notebooks and measured by
-``benchmarks/``; here a ratio is only asserted to have been measured (> 0).
+Each notebook's runs and checks live in `tests/notebook_checks/nbNN.py`; a notebook without one
+fails. Speed ratios are printed by the notebooks and measured by ``benchmarks/``; here a ratio
+is only asserted to have been measured (> 0).
 """
 
 from __future__ import annotations

@@ -248,7 +248,10 @@ class DistributedEmbedding(_EmbeddingBase):
         if self.combiner is None:
             return dense_sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), self.max_nnz,
                                   self.sequence_output)
-        bags = vectors[:, :, 0] if nnz == 1 and weights is None else combine_dense(vectors, self.combiner, weights)
+        if nnz == 1 and weights is None:  # one key per bag: the bag is its vector (a reshape, no slice to backprop)
+            bags = tf.reshape(vectors, [-1, self.slot_num, self.embedding_vec_size])
+        else:
+            bags = combine_dense(vectors, self.combiner, weights)
         return tf.cast(bags, self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:

@@ -2,8 +2,9 @@
 
 * `gather_rows` reads distinct rows of a table's variable; its gradient is a
   `UniqueRowsGradient`, which tells the sparse optimizers that the rows are distinct and their
-  gradients summed. `expand` repeats those rows for every key of the batch, and its gradient
-  sums the repeats with one sparse matrix product (`sum_by_position`).
+  gradients summed, and hands them the rows it read, so that a step reads each row once.
+  `expand` repeats those rows for every key of the batch, and its gradient sums the repeats
+  with one sparse matrix product (`sum_by_position`).
 * `inserting` decides whether a call gives new keys rows (training) or not (inference).
 * `all_gather` is ``ReplicaContext.all_gather`` that also survives every replica sending
   nothing; `local_components` are the per-device variables behind a mirrored one.
@@ -27,7 +28,17 @@ except ImportError:  # older TensorFlow kept it in tape.py
 
 
 class UniqueRowsGradient(tf.IndexedSlices):
-    """The gradient of one table lookup: distinct ``indices``, each row's gradient summed."""
+    """The gradient of one table lookup: distinct ``indices``, each row's gradient summed.
+
+    `read`, when given, holds the rows as the lookup read them (float32, ``[len(indices), dim]``):
+    a sparse optimizer that receives this gradient object as it is, in the same step, updates
+    from them instead of reading the rows a second time. Anything that makes a new gradient
+    (scaling, clipping, all-reduce, the sum of two lookups) makes one without it.
+    """
+
+    def __init__(self, values: Any, indices: Any, dense_shape: Any = None, read: tf.Tensor | None = None):
+        super().__init__(values, indices, dense_shape)
+        self.read = read
 
 
 def in_shape_trace(variable: Any) -> bool:
@@ -154,6 +165,7 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
     def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def grad(upstream: tf.Tensor) -> tuple[UniqueRowsGradient, None]:
             shape = tf.stack([tf.cast(variable.shape[0], tf.int64), tf.cast(variable.shape[1], tf.int64)])
-            return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape), None
+            return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape, read=read), None
         return tf.identity(values), grad
-    return attach(handle, widen(tf.stop_gradient(read_rows(variable, rows))))
+    read = widen(tf.stop_gradient(read_rows(variable, rows)))
+    return attach(handle, read)

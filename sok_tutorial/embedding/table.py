@@ -257,13 +257,12 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
     def _check_range(self, keys: tf.Tensor, rows: int) -> tf.Tensor:
         """`keys`, once checked to be row ids in ``[0, rows)``: in a graph, whatever reads the table
         with them waits for the checks, so a bad key gets this message, not the gather's."""
-        # an empty batch passes both: its min is the largest int64, its max the smallest
-        checked = [
-            tf.debugging.assert_non_negative(tf.reduce_min(keys), message=f"{self.name}: negative key; keys are "
-                                             "row ids (use_hashtable=False)"),
-            tf.debugging.assert_less(tf.reduce_max(keys), tf.constant(rows, tf.int64),
-                                     message=f"{self.name}: key out of range [0, {rows}); keys are row ids "
-                                             "(use_hashtable=False, max_vocabulary_size_per_gpu)")]
+        # one pass: as unsigned, a negative key is larger than any row id (an empty batch's max is 0)
+        largest = tf.reduce_max(tf.bitcast(keys, tf.uint64))
+        checked = [tf.debugging.assert_less(largest, tf.constant(rows, tf.uint64),
+                                            message=f"{self.name}: negative key or key out of range [0, {rows}); "
+                                                    "keys are row ids (use_hashtable=False, "
+                                                    "max_vocabulary_size_per_gpu)")]
         with tf.control_dependencies([c for c in checked if c is not None]):
             return tf.identity(keys)
 

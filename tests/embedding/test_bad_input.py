@@ -106,6 +106,6 @@ def test_an_out_of_range_key_inside_fit_gets_the_tables_message():
     model = keras.Sequential([keras.Input([1], dtype="int64"), layer, keras.layers.Flatten(), keras.layers.Dense(1)])
     model.compile(optimizer=sok.optimizers.SGD(0.1), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     keys = np.array([[1], [2], [12], [3]], np.int64)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"items: key out of range \[0, 10\)") as info:
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"items: .*key out of range \[0, 10\)") as info:
         model.fit(keys, np.ones((4, 1), np.float32), batch_size=4, epochs=1, verbose=0)
     assert "GatherV2" not in str(info.value) and "ResourceGather" not in str(info.value)

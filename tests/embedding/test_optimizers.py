@@ -212,3 +212,40 @@ def test_each_optimizer_declares_the_slots_it_makes_for_a_table():
     assert slot_layout("lazyadam").per_row == 1 and not slot_layout("rowwise_adagrad").splits_by_column
     with pytest.raises(ValueError, match="optimizer='nadam' is invalid: expected one of"):
         slot_layout("nadam")
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adagrad", "RowWiseAdagrad", "LazyAdam", "Ftrl"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_training_step_reads_each_touched_row_of_the_table_once(name, dynamic):
+    """The optimizer updates from the rows the lookup read (`UniqueRowsGradient.read`): one gather
+    of the table's variable per step, and the same update as a step whose optimizer gathers them again."""
+    keys = tf.constant([[3, 7], [7, 12]], tf.int64)
+
+    def run(reuse: bool) -> tuple[np.ndarray, int]:
+        table = EmbeddingTable(ROWS, DIM, dynamic=dynamic, initializer=keras.initializers.RandomUniform(seed=1))
+        table.build()
+        opt = getattr(optimizers, name)(0.1)
+        opt.build([table.variable])
+
+        @tf.function
+        def step() -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(table(keys, training=True) - 0.5))
+            gradient = tape.gradient(loss, [table.variable])[0]
+            if not reuse:  # the same gradient without the lookup's rows: the optimizer reads them itself
+                gradient = tf.IndexedSlices(gradient.values, gradient.indices, gradient.dense_shape)
+            opt.apply([gradient], [table.variable])
+            return loss
+
+        for _ in range(3):
+            step()
+        graph = step.get_concrete_function().graph
+        handle = table.variable.value.handle
+        inside = [internal for external, internal in graph.captures if external is handle]
+        reads = sum(1 for op in graph.get_operations() if op.type == "ResourceGather" and op.inputs[0] is inside[0])
+        return table.variable.numpy(), reads
+
+    once, reads_once = run(True)
+    twice, reads_twice = run(False)
+    np.testing.assert_allclose(once, twice, rtol=1e-6, atol=1e-7)
+    assert (reads_once, reads_twice) == (1, 2)

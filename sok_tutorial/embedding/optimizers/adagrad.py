@@ -32,12 +32,12 @@ class Adagrad(SparseOptimizer, keras.optimizers.Adagrad):
 
     NAME, LAYOUT = "adagrad", SlotLayout((("accumulator", 1, 0),))
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
         accumulator = self._accumulators[self._get_variable_index(variable)]
         acc = restart(gather(accumulator, rows), fresh_rows_of(variable, rows), self.initial_accumulator_value)
         acc = acc + tf.square(g)
         write(self, accumulator, rows, acc)
-        write(self, variable, rows, gather(variable, rows) - lr * g / tf.sqrt(acc + self.epsilon))
+        write(self, variable, rows, w - lr * g / tf.sqrt(acc + self.epsilon))
         return None
 
 
@@ -91,13 +91,13 @@ class RowWiseAdagrad(Adagrad):
             for var in var_list]
         exclude_tables_from_weight_decay(self, var_list)
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
         if table_of(variable) is None:  # another variable's sparse gradient: plain Adagrad
-            return super()._sparse_step(variable, rows, g, lr)
+            return super()._sparse_step(variable, rows, g, lr, w)
         accumulator = self._accumulators[self._get_variable_index(variable)]
         acc = restart(gather(accumulator, rows), fresh_rows_of(variable, rows), self.initial_accumulator_value)
         acc = acc + tf.reduce_mean(tf.square(g), axis=1)  # (U,)
         write(self, accumulator, rows, acc)
         scale = lr / (tf.sqrt(acc) + self.epsilon)
-        write(self, variable, rows, gather(variable, rows) - scale[:, None] * g)
+        write(self, variable, rows, w - scale[:, None] * g)
         return None

@@ -69,7 +69,7 @@ class Adam(SparseOptimizer, keras.optimizers.Adam):
             beta_2_power = tf.pow(tf.cast(self.beta_2, dtype), steps)
         return tf.cast(learning_rate, dtype) * tf.sqrt(1 - beta_2_power) / (1 - beta_1_power)
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
         fresh = fresh_rows_of(variable, rows)
         index = self._get_variable_index(variable)
         slot = self._fused[index]
@@ -101,7 +101,7 @@ class Adam(SparseOptimizer, keras.optimizers.Adam):
                 write(self, self._velocity_hats[index], rows, v_use)
             if self._row_counts:
                 write(self, self._row_steps[index], rows, tf.reshape(steps, [-1]))
-        write(self, variable, rows, gather(variable, rows) - (m_new * alpha) / (tf.sqrt(v_use) + self.epsilon))
+        write(self, variable, rows, w - (m_new * alpha) / (tf.sqrt(v_use) + self.epsilon))
         return None
 
 

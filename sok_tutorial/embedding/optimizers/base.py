@@ -1,9 +1,11 @@
 """What every sparse optimizer of `sok_tutorial.optimizers` shares: `SparseOptimizer` and the row helpers.
 
 An optimizer's sparse path reads a gradient's distinct rows (`touched`), gathers those rows of
-the variable and of each slot (`gather`), computes Keras' formula on them and writes them back
-whole (`write`). Embedding tables always take this path, even for a dense gradient (`as_sparse`),
-so their untouched rows and slots are never read or written.
+each slot (`gather`), computes Keras' formula on them and writes them back whole (`write`). The
+variable's own rows come from the lookup that produced the gradient, which read them already
+(`current`): each row of a table is read once per step. Embedding tables always take this
+path, even for a dense gradient (`as_sparse`), so their untouched rows and slots are never read
+or written.
 
 A table that evicts keys gives an evicted key's row to a new key. The new key must not inherit
 the old one's optimizer state, so each update of a table's rows asks the table once which of
@@ -46,6 +48,14 @@ def touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tenso
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
     rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int32)
     return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
+
+
+def current(gradient: tf.IndexedSlices, variable: Any, rows: tf.Tensor) -> tf.Tensor:
+    """The values of `rows` of `variable` now, for the update: the rows a table's lookup read in
+    this step when its gradient arrives as it left the lookup (`UniqueRowsGradient.read`, so the
+    step reads each row once), else a gather."""
+    read = getattr(gradient, "read", None) if isinstance(gradient, UniqueRowsGradient) else None
+    return read if read is not None else gather(variable, rows)
 
 
 def gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
@@ -253,9 +263,11 @@ class SparseOptimizer:
             return super().update_step(gradient, variable, learning_rate)
         dtype = precision.compute_dtype(variable.dtype)  # float32 for a low-precision table
         rows, g = touched(gradient, dtype)
-        return self._sparse_step(variable, rows, g, tf.cast(learning_rate, dtype))
+        return self._sparse_step(variable, rows, g, tf.cast(learning_rate, dtype), current(gradient, variable, rows))
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
+        """Update `rows` (distinct) of `variable` from their summed gradients `g` and their values
+        now, `w` (``[U, ...]``, in the compute dtype), writing them back with `write`."""
         raise NotImplementedError
 
     def _build_slots(self, var_list: list[Any]) -> None:

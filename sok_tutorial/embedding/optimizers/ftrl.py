@@ -37,12 +37,12 @@ class Ftrl(SparseOptimizer, keras.optimizers.Ftrl):
 
     NAME, LAYOUT = "ftrl", SlotLayout((("accumulator", 1, 0), ("linear", 1, 0)))
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
         index = self._get_variable_index(variable)
         accumulator, linear = self._accumulators[index], self._linears[index]
         fresh = fresh_rows_of(variable, rows)
         acc = restart(gather(accumulator, rows), fresh, self.initial_accumulator_value)
-        z, w = restart(gather(linear, rows), fresh), gather(variable, rows)
+        z = restart(gather(linear, rows), fresh)
         # Keras' order of operations, so that a touched row matches its dense update to rounding
         power = -self.learning_rate_power
         l2 = self.l2_regularization_strength + self.beta / (2.0 * lr)

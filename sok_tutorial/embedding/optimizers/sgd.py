@@ -18,9 +18,9 @@ class SGD(SparseOptimizer, keras.optimizers.SGD):
     def slot_layout(self) -> SlotLayout:
         return SlotLayout((("momentum", 1, 0),)) if self.momentum else self.LAYOUT
 
-    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor) -> None:
+    def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
         if self.momentum == 0:  # no per-row state: a fresh-row mark left set only restarts slots still at zero
-            write(self, variable, rows, gather(variable, rows) - g * lr)
+            write(self, variable, rows, w - g * lr)
             return None
         fresh = fresh_rows_of(variable, rows)
         momentum = tf.cast(self.momentum, g.dtype)
@@ -28,5 +28,5 @@ class SGD(SparseOptimizer, keras.optimizers.SGD):
         m_new = restart(gather(m, rows), fresh) * momentum - g * lr
         write(self, m, rows, m_new)
         step = m_new * momentum - g * lr if self.nesterov else m_new
-        write(self, variable, rows, gather(variable, rows) + step)
+        write(self, variable, rows, w + step)
         return None
