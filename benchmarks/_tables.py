@@ -53,24 +53,34 @@ def batches(n: int, drift: int = 0) -> list[tuple[Any, Any]]:
 
 
 def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any]:
-    """samples/s of one table kind with one optimizer (and the top ops of 4 profiled steps)."""
+    """samples/s of one table kind with one optimizer (and the top ops of 4 profiled steps).
+
+    ``static_pipeline`` is the static table fed by a ``tf.data`` pipeline that deduplicates each
+    batch's keys (`sok_tutorial.embedding.unique_keys`) and prefetches: the step's ``tf.unique``
+    runs there, for the next batch, beside the step; a step's time includes taking its batch."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    from sok_tutorial.embedding import unique_keys
+
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
-    embedding, step = model(optimizer, ROWS_PER_TABLE * NT, data[0][0], use_hashtable=table != "static")
+    embedding, step = model(optimizer, ROWS_PER_TABLE * NT, data[0][0], use_hashtable=not table.startswith("static"))
     if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
         for keys, labels in data:
             step(keys, labels)
-    timed(step, data[:WARM])
+    feed = iter(data)
+    if table == "static_pipeline":
+        feed = tf.data.Dataset.from_tensor_slices((tf.stack([k for k, _ in data]), tf.stack([y for _, y in data])))
+        feed = iter(feed.map(unique_keys).prefetch(2))
+    timed(step, feed, WARM)
     cpu, wall = time.process_time(), time.perf_counter()
-    times = timed(step, data[WARM:WARM + steps])
+    times = timed(step, feed, steps)
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # every thread of the process
     rates = [BATCH / t for t in times]
     result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
               "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size, "cpu_busy": busy}
     if profile:
-        result["profile_ms"] = profile_ops(step, data[WARM + steps:])
+        result["profile_ms"] = profile_ops(step, [next(feed) for _ in range(4)])
     return result
 
 
@@ -101,7 +111,7 @@ def train_step(embedding: Any, opt: Any, example: Any) -> Any:
     variables = embedding.trainable_variables + head.trainable_variables
     opt.build(variables)
 
-    @tf.function
+    @tf.function(reduce_retracing=True)  # one trace for every batch's number of distinct keys
     def step(keys: Any, labels: Any) -> Any:
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, forward(keys))
@@ -111,12 +121,15 @@ def train_step(embedding: Any, opt: Any, example: Any) -> Any:
     return step
 
 
-def timed(step: Any, data: list[tuple[Any, Any]], after: Any = None) -> list[float]:
-    """Seconds of each step over `data` (the loss read back, so the step has finished); `after`,
-    if given, is called after each step, outside the timing."""
+def timed(step: Any, data: Any, count: int | None = None, after: Any = None) -> list[float]:
+    """Seconds of each step over `data` (a list, or an iterator of which `count` batches are taken),
+    taking the batch included and the loss read back, so the step has finished; `after`, if
+    given, is called after each step, outside the timing."""
     times = []
-    for keys, labels in data:
+    batches = iter(data[:count] if isinstance(data, list) else data)
+    for _ in range(len(data[:count]) if isinstance(data, list) else count):
         start = time.perf_counter()
+        keys, labels = next(batches)
         float(step(keys, labels))
         times.append(time.perf_counter() - start)
         if after is not None:

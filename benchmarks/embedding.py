@@ -14,7 +14,9 @@ report gives the embedding bytes a sok_lazyadam step moves per second as a fract
 
 Group ``torchrec_shape``: TorchRec's benchmark shape (``benchmarks/_tables.py``: 26 tables x
 384,615 rows folded into one, dim 16, batch 8192, one Zipf id per table, Linear(416 -> 1)), a
-static table (row ids) and a dynamic one (any int64 key, the in-graph index), each with SGD,
+static table (row ids), the same fed by a tf.data pipeline that deduplicates keys ahead of the
+step (``static_pipeline``, `sok_tutorial.embedding.unique_keys`) and a dynamic one (any int64 key,
+the in-graph index), each with SGD,
 Adagrad, Adam, LazyAdam and RowWiseAdagrad, with the cores each kept busy; the dynamic/static
 ratio, also for ``dynamic_warm`` (the dynamic table once every key has a row: the index's lookups
 without inserts); the per-op profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
@@ -36,6 +38,11 @@ churn levels, and the per-op profile of the roomy and the LRU table.
 Group ``memory`` (``benchmarks/_memory.py``): a 1M-id table against `QREmbedding` (2, 4 and 16
 collisions) and `MixedDimensionEmbedding` on the same Zipf keys: bytes and samples/s, each as a
 ratio to the full table.
+Group ``dlrm`` (``benchmarks/_dlrm.py``): notebook 05's DLRM (26 tables, 708,027 rows, batch 2048)
+with SGD, Adagrad and row-wise Adagrad, and with ``--torchrec`` TorchRec's DLRM
+(``bench_torchrec_dlrm.py``: DistributedModelParallel and a FusedEmbeddingBagCollection) on the
+same batches, interleaved; samples/s, cores busy, ratios (goal 2x); ``embedding_dlrm.json``.
+
 JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape, index),
 ``embedding_eviction.json`` (eviction), ``embedding_memory.json`` (memory).
 
@@ -50,7 +57,8 @@ Group ``keras_rs`` (``benchmarks/_keras_rs.py``): 26 features, batch 8192, table
 ``embedding_keras_rs.json``.
 
     python benchmarks/embedding.py [--quick]
-                                   [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision|keras_rs]
+                                   [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
+                                            |keras_rs|dlrm]
                                    [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
@@ -67,13 +75,13 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE.parent)]
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks import _bench, _eviction, _keras_rs, _memory, _precision, _tables  # noqa: E402
+from benchmarks import _bench, _dlrm, _eviction, _keras_rs, _memory, _precision, _tables  # noqa: E402
 
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
-TABLE_KINDS = ("static", "dynamic", "dynamic_warm")  # dynamic_warm: every key already has a row (_tables.train)
-GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs")
+TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm")  # _tables.train says what each is
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm")
 
 
 draw_keys = _bench.draw_keys
@@ -176,6 +184,9 @@ def child(argv: list[str]) -> None:
         result = _precision.train(parts[1], steps, quick=parts[-1] == "quick")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
+    elif case.startswith("dlrm:"):  # dlrm:<optimizer>:<batches file>[:profile]
+        parts = case.split(":")
+        result = _dlrm.train(parts[1], parts[2], profile=parts[-1] == "profile")
     elif case.startswith("keras_rs:"):  # keras_rs:<ours|keras_rs>
         result = _keras_rs.train(case.split(":")[1], rows, steps)
     else:
@@ -216,18 +227,21 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
             row = {"case": "torchrec_shape", "table": kind, "optimizer": optimizer, "samples_per_s": round(sps[kind]),
                    "cpu_busy": round(_bench.median([r["cpu_busy"] for r in runs[kind]]), 2)}
             if kind != "static":
-                row["dynamic_vs_static"] = round(sps[kind] / sps["static"], 2)
+                ratio = "vs_static" if kind.startswith("static") else "dynamic_vs_static"
+                row[ratio] = round(sps[kind] / sps["static"], 2)
             table.append(row)
         goals[f"dynamic_vs_static_{optimizer}"] = {"goal": 0.9, "measured": round(sps["dynamic"] / sps["static"], 2)}
     for name, runs in peers.items():
         table.append({"case": "torchrec_peer", "table": name, "samples_per_s": round(_bench.median(runs))})
     if peers:
-        static = {r["optimizer"]: r["samples_per_s"] for r in table if r.get("table") == "static"}
         peer = {name: _bench.median(runs) for name, runs in peers.items()}
-        for ours, theirs, goal in (("sgd", "torchrec_fused_sgd", 1.5), ("adagrad", "torchrec_fused_adagrad", 2.0),
-                                   ("rowwise_adagrad", "torchrec_fused_rowwise_adagrad", 1.2),
-                                   ("lazyadam", "pytorch_sparseadam", 2.5)):
-            goals[f"static_{ours}_vs_{theirs}"] = {"goal": goal, "measured": round(static[ours] / peer[theirs], 2)}
+        for kind in ("static", "static_pipeline"):
+            ours_sps = {r["optimizer"]: r["samples_per_s"] for r in table if r.get("table") == kind}
+            for ours, theirs, goal in (("sgd", "torchrec_fused_sgd", 1.5), ("adagrad", "torchrec_fused_adagrad", 2.0),
+                                       ("rowwise_adagrad", "torchrec_fused_rowwise_adagrad", 1.2),
+                                       ("lazyadam", "pytorch_sparseadam", 2.5)):
+                goals[f"{kind}_{ours}_vs_{theirs}"] = {"goal": goal,
+                                                       "measured": round(ours_sps[ours] / peer[theirs], 2)}
     return table, {"goals": goals, "profiles_ms_per_step": profiles}
 
 
@@ -299,6 +313,8 @@ def main() -> None:
         precision(args, run)
     if "keras_rs" in groups:
         keras_rs(args, run)
+    if "dlrm" in groups:
+        dlrm(args, run)
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
@@ -377,6 +393,28 @@ def precision(args: Any, run: Any) -> None:
     rows = _precision.report(results)
     _bench.report("embedding_precision", rows, args.out,
                   notes={"workload": _precision.__doc__.split("\n\n")[1].replace("\n", " ")})
+
+
+def dlrm(args: Any, run: Any) -> None:
+    """The dlrm group (`benchmarks._dlrm`): notebook 05's DLRM against TorchRec's (with ``--torchrec``),
+    interleaved rounds on one file of batches."""
+    data = str(_dlrm.write_batches(Path(args.out) / "dlrm-batches.npz"))
+    ours: dict[str, list] = {}
+    peers: dict[tuple[str, str], list] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for optimizer in _dlrm.OPTIMIZERS:
+            ours.setdefault(optimizer, []).append(run(f"dlrm:{optimizer}:{data}", 0, 0, ""))
+            if args.torchrec:
+                for impl in ("dmp", "fused"):
+                    peers.setdefault((impl, optimizer), []).append(
+                        _dlrm.run_peer(args.torchrec, args.peers, impl, optimizer, data))
+    rows, notes = _dlrm.report(ours, peers)
+    notes["profile_ms_per_step_sgd"] = run(f"dlrm:sgd:{data}:profile", 0, 0, "")["profile_ms"]
+    _bench.report("embedding_dlrm", rows, args.out, notes=notes)
+    for name, g in notes["goals"].items():
+        print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
+    print("top ops, dlrm sgd (ms of CPU per step): "
+          + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in notes["profile_ms_per_step_sgd"][:8]))
 
 
 def keras_rs(args: Any, run: Any) -> None:

@@ -18,6 +18,8 @@ _NAMES: dict[str, str] = {
     "OptimizerScope": "sok_tutorial.embedding",
     "group_embedding_lookup_sparse": "sok_tutorial.embedding",
     "from_keras_rs": "sok_tutorial.embedding",
+    "unique_keys": "sok_tutorial.embedding",
+    "UniqueKeys": "sok_tutorial.embedding",
     "Init": "sok_tutorial.distribute",
     "replica_devices": "sok_tutorial.distribute",
     "make_strategy": "sok_tutorial.distribute",

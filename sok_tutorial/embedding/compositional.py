@@ -37,6 +37,7 @@ import tensorflow as tf
 from sok_tutorial.embedding.initializers import InitSpec, KeyedInitializer
 from sok_tutorial.embedding.layers import DistributedEmbedding
 from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config
+from sok_tutorial.embedding.unique_keys import as_keys
 
 OPERATIONS = ("mult", "add", "concat")
 _NOT_OPTIONS = ("use_hashtable", "sharding", "exchange", "slot_sizes", "max_vocabulary_size_per_gpu")
@@ -128,9 +129,10 @@ class ComposedEmbedding(DistributedEmbedding):
         return int(sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in weights))
 
     # ------------------------------------------------------------------ keys -> vectors
-    def _vectors(self, flat_keys: tf.Tensor, training: Any, slots: Any = None) -> tf.Tensor:
+    def _vectors(self, flat_keys: Any, training: Any, slots: Any = None) -> tf.Tensor:
         if not self.built:
             self.build()
+        flat_keys = as_keys(flat_keys)  # a `UniqueKeys`: its tables deduplicate their own ids
         checked = [
             tf.debugging.assert_non_negative(tf.reduce_min(flat_keys), message=f"{self.name}: negative key; keys "
                                              f"are ids in [0, vocabulary_size={self.vocabulary_size})"),

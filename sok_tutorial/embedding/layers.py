@@ -48,6 +48,7 @@ from sok_tutorial.embedding.lookup import flatten_bags
 from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config, optimizer_from_config
+from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
 
 class _EmbeddingBase(keras.layers.Layer):
@@ -117,10 +118,12 @@ class _EmbeddingBase(keras.layers.Layer):
         routed = isinstance(self.table, ShardedTable) and self.table.needs_slots
         return self.table.lookup(flat_keys, training, slots=slots() if routed and slots is not None else None)
 
-    def _check_keys(self, keys: Any) -> tf.Tensor:
+    def _check_keys(self, keys: Any) -> Any:
         dtype = keys.dtype if hasattr(keys, "dtype") else None
         if dtype is None or not dtype.is_integer:
             raise TypeError(f"{self.name}: keys must be integers ({self.key_dtype}), got {dtype}")
+        if isinstance(keys, UniqueKeys):
+            return UniqueKeys(tf.cast(keys.unique, tf.int64), keys.position)
         return tf.cast(keys, tf.int64)
 
     def get_config(self) -> dict[str, Any]:
@@ -132,6 +135,11 @@ class _EmbeddingBase(keras.layers.Layer):
                 "embedding_initializer": {"class_name": "KeyedInitializer",
                                           "config": KeyedInitializer(self.init.kind, self.init.a, self.init.b,
                                                                      self.init.seed).get_config()}}
+
+
+def _flat(keys: Any) -> Any:
+    """Keys (a tensor or a `UniqueKeys`) as one flat list."""
+    return keys.reshape([-1]) if isinstance(keys, UniqueKeys) else tf.reshape(keys, [-1])
 
 
 def _slot_ids(keys: tf.Tensor) -> tf.Tensor:
@@ -207,6 +215,8 @@ class DistributedEmbedding(_EmbeddingBase):
                                 else checks.positive_int("max_feature_num", max_feature_num))
 
     def call(self, inputs: Any, training: Any = None, sp_weights: Any = None) -> Any:
+        if isinstance(inputs, UniqueKeys):  # dense keys, deduplicated in the input pipeline
+            return self._call_dense(inputs, training, sp_weights)
         if not isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
             return self._call_dense(tf.convert_to_tensor(inputs), training, sp_weights)
         if self.combiner is None and isinstance(inputs, tf.SparseTensor):  # a sequence keeps the keys' order
@@ -227,11 +237,14 @@ class DistributedEmbedding(_EmbeddingBase):
         bags = combine(vectors, segments, num_bags, self.combiner, weights)
         return tf.cast(tf.reshape(bags, [-1, self.slot_num, self.embedding_vec_size]), self.compute_dtype)
 
-    def _call_dense(self, keys: tf.Tensor, training: Any, sp_weights: Any) -> Any:
-        """Every slot holds the same number of keys: bags are a reshape, no segment reduction."""
-        weights = None if sp_weights is None else flat_weights(keys, sp_weights, name=f"{self.name}: sp_weights")
+    def _call_dense(self, keys: Any, training: Any, sp_weights: Any) -> Any:
+        """Every slot holds the same number of keys: bags are a reshape, no segment reduction.
+        (`keys`: a tensor, or a `UniqueKeys`, whose positions have the keys' shape.)"""
+        weights = None if sp_weights is None else flat_weights(like_keys(keys), sp_weights,
+                                                               name=f"{self.name}: sp_weights")
         if keys.shape.rank == 2:
-            keys = keys[:, :, None]
+            keys = UniqueKeys(keys.unique, keys.position[:, :, None]) if isinstance(keys, UniqueKeys) \
+                else keys[:, :, None]
         if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
             raise ValueError(f"{self.name}: dense keys must be [batch, slot_num={self.slot_num}] or "
                              f"[batch, slot_num={self.slot_num}, nnz], got shape {keys.shape}")
@@ -239,12 +252,13 @@ class DistributedEmbedding(_EmbeddingBase):
         if nnz is not None and nnz > most:
             raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
                              f"or max_feature_num={self.max_feature_num} allow")
-        tf.debugging.assert_less_equal(tf.shape(keys)[2], most, message=f"{self.name}: dense keys hold more keys per "
-                                       f"slot than max_nnz={self.max_nnz} or max_feature_num allow")
-        vectors = self._vectors(self._check_keys(tf.reshape(keys, [-1])), training, slots=lambda: _slot_ids(keys))
-        vectors = tf.ensure_shape(tf.reshape(vectors, [-1, self.slot_num, tf.shape(keys)[2], self.embedding_vec_size]),
-                                  [None, self.slot_num, nnz, self.embedding_vec_size])  # (B, S, N, D)
-        weights = None if weights is None else tf.reshape(weights, tf.shape(keys))  # (B, S, N)
+        shaped = like_keys(keys)  # (B, S, N): the keys, or their positions among the distinct keys
+        tf.debugging.assert_less_equal(tf.shape(shaped)[2], most, message=f"{self.name}: dense keys hold more keys "
+                                       f"per slot than max_nnz={self.max_nnz} or max_feature_num allow")
+        vectors = self._vectors(self._check_keys(_flat(keys)), training, slots=lambda: _slot_ids(shaped))
+        vectors = tf.reshape(vectors, [-1, self.slot_num, tf.shape(shaped)[2], self.embedding_vec_size])
+        vectors = tf.ensure_shape(vectors, [None, self.slot_num, nnz, self.embedding_vec_size])  # (B, S, N, D)
+        weights = None if weights is None else tf.reshape(weights, tf.shape(shaped))  # (B, S, N)
         if self.combiner is None:
             return dense_sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), self.max_nnz,
                                   self.sequence_output)
@@ -302,7 +316,7 @@ class All2AllDenseEmbedding(_EmbeddingBase):
         if isinstance(inputs, (tf.RaggedTensor, tf.SparseTensor)):
             raise TypeError(f"{self.name}: All2AllDenseEmbedding takes dense keys [batch, slot_num, nnz_per_slot]; "
                             "read lists with sparse_as_dense=True, or use DistributedEmbedding for ragged keys")
-        keys = self._check_keys(tf.convert_to_tensor(inputs))
+        keys = self._check_keys(inputs if isinstance(inputs, UniqueKeys) else tf.convert_to_tensor(inputs))
         if not self.dynamic_input:
             if keys.shape.rank is not None and keys.shape.rank != 3:
                 raise ValueError(f"{self.name}: keys must be [batch, slot_num, nnz_per_slot], got rank "
@@ -311,12 +325,12 @@ class All2AllDenseEmbedding(_EmbeddingBase):
             if keys.shape[1:].is_fully_defined() and keys.shape[1:].as_list() != expected:
                 raise ValueError(f"{self.name}: keys have shape {keys.shape.as_list()}, expected "
                                  f"[batch, {expected[0]}, {expected[1]}] (slot_num, nnz_per_slot)")
-        flat = tf.reshape(keys, [-1])
+        flat = _flat(keys)
         if self.dynamic_input and layout_of(self.sharding, 1).needs_slots:
             raise ValueError(f"{self.name}: sharding={self.sharding!r} places slots, so keys must be "
                              "[batch, slot_num, nnz_per_slot] (dynamic_input=False)")
-        vectors = self._vectors(flat, training, slots=lambda: _slot_ids(keys))
-        shape = tf.concat([tf.shape(keys, out_type=tf.int64), [self.embedding_vec_size]], 0)
+        vectors = self._vectors(flat, training, slots=lambda: _slot_ids(like_keys(keys)))
+        shape = tf.concat([tf.shape(like_keys(keys), out_type=tf.int64), [self.embedding_vec_size]], 0)
         return tf.cast(tf.reshape(vectors, shape), self.compute_dtype)
 
     def compute_output_shape(self, input_shape: Any) -> tuple:

@@ -78,6 +78,7 @@ from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup
 from sok_tutorial.embedding.sharded_rows import ShardedRows
 from sok_tutorial.embedding.table import EmbeddingTable
+from sok_tutorial.embedding.unique_keys import as_keys
 
 
 def _local_replica_ids(strategy: Any, count: int) -> list[int]:
@@ -197,12 +198,14 @@ class ShardedTable(ShardedRows, EmbeddingTable):
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
-        """Vectors of this replica's `keys` (`slots`: the slot of each key, for table-wise placement)."""
-        keys = self._keys(keys)
+        """Vectors of this replica's `keys` (`slots`: the slot of each key, for table-wise placement).
+        (A `UniqueKeys` is expanded back: each replica deduplicates its share after routing.)"""
+        keys = self._keys(as_keys(keys))
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
             return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), compute_dtype(self.variable.dtype))
+        self._mark_variables()
         flat = tf.reshape(keys, [-1])
         if not self.dynamic:
             flat = self._check_range(flat, self.total_rows)

@@ -55,6 +55,7 @@ from sok_tutorial.embedding.lifecycle_state import LifecycleState
 from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
+from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
 _OWNER = "_sok_tutorial_table"  # set on a table's variable objects: a weak reference to the table
 
@@ -173,9 +174,17 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             self._size = self.add_weight(name="size", shape=(), dtype="int64", trainable=False, initializer="zeros")
         if self.lifecycle.active:
             self.state.create(self)
-        for v in (self.variable, self.variable.value, *local_components(self.variable)):
-            setattr(v, _OWNER, weakref.ref(self))
+        self._mark_variables()
         super().build(input_shape)
+
+    def _mark_variables(self) -> None:
+        """Mark the variable objects as this table's (`table_of`). Keras creates the TensorFlow
+        variable behind a Keras one later when a model is built in a symbolic pass, so each
+        lookup marks it again if it is new."""
+        behind = [] if in_shape_trace(self.variable) else [self.variable.value, *local_components(self.variable)]
+        for v in (self.variable, *behind):
+            if table_of(v) is not self:
+                setattr(v, _OWNER, weakref.ref(self))
 
     def _initializer(self) -> KeyedInitializer:
         return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=self.indexed)
@@ -317,14 +326,20 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         return keyed_initial_values_tf(keys, self.dim, self.init)
 
     def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
-        """Vectors of `keys` (any shape): ``keys.shape + [dim]``, float32. New keys get rows in training
-        calls (`inserting`). (`slots`, each key's slot, matters to table-wise sharded tables only.)"""
-        keys = self._keys(keys)
+        """Vectors of `keys` (any shape, or a `UniqueKeys` deduplicated ahead): ``keys.shape + [dim]``,
+        float32. New keys get rows in training calls (`inserting`). (`slots`, each key's slot,
+        matters to table-wise sharded tables only.)"""
+        ready = isinstance(keys, UniqueKeys)  # deduplicated ahead, in the input pipeline
+        keys = UniqueKeys(self._keys(keys.unique), keys.position) if ready else self._keys(keys)
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
-            return tf.zeros(tf.concat([tf.shape(keys), [self.dim]], 0), compute_dtype(self.variable.dtype))
-        unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+            return tf.zeros(tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0), compute_dtype(self.variable.dtype))
+        self._mark_variables()
+        if ready:
+            unique, position = keys.unique, tf.reshape(keys.position, [-1])
+        else:
+            unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
         insert = inserting(training)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
             if insert and self.lifecycle.counts else None
@@ -334,7 +349,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         else:
             rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
         vectors = self._vectors(self.variable.value, rows, found, position)
-        return tf.reshape(vectors, tf.concat([tf.shape(keys), [self.dim]], 0))
+        return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
         """A replicated table that forgets: every replica places the distinct keys of the whole step

@@ -96,3 +96,23 @@ def test_row_wise_adagrad_is_public_serializable_and_its_slot_travels_by_key():
     back = target.read(saved["keys"], target_opt)
     np.testing.assert_array_equal(back["slot_0"], saved["slot_0"])
     np.testing.assert_array_equal(back["vectors"], saved["vectors"])
+
+
+def test_row_wise_adagrad_trains_a_table_of_a_model_built_by_its_first_call():
+    """Keras builds a subclassed model's layers in a symbolic pass and makes their TensorFlow
+    variables afterwards: the table still owns the variable the optimizer receives, so its
+    accumulator stays one value per row."""
+    from sok_tutorial.embedding import table_of
+    from sok_tutorial.models import DLRM
+    from sok_tutorial.training.step import make_sok_step
+
+    model = DLRM([10, 20, 30], ["a", "b", "c"], ["x"], embedding_dim=4)
+    features = {"categorical": tf.constant([[1, 2, 3], [4, 5, 6]], tf.int64), "continuous": tf.ones([2, 1])}
+    model(features)
+    variable = model.embedding.embedding_variable
+    assert table_of(variable.value) is model.embedding.table
+    step = make_sok_step(model, optimizers.RowWiseAdagrad(0.1), global_batch_size=2)
+    before = variable.numpy().copy()
+    step(features, tf.constant([[1.0], [0.0]]))
+    changed = np.flatnonzero(np.any(variable.numpy() != before, axis=1))
+    assert changed.tolist() == [1, 4, 10 + 2, 10 + 5, 30 + 3, 30 + 6]  # the keys plus their table offsets

@@ -1,0 +1,93 @@
+"""`UniqueKeys`: a batch's keys deduplicated ahead of the training step, in the input pipeline.
+
+A table's lookup starts by deduplicating its keys (``tf.unique``: one hash-map pass on one core,
+a quarter of a static table's step on the TorchRec-shaped workload). Nothing in it depends on
+the table, so a ``tf.data`` pipeline can do it for the next batch while the step trains on this
+one, on the core the step leaves idle::
+
+    keys [batch, slots] --unique_keys--> UniqueKeys(unique [U], position [batch, slots])
+                                          keys == tf.gather(unique, position)
+
+The layers (`DistributedEmbedding` with dense keys, `All2AllDenseEmbedding`) and
+`EmbeddingTable.lookup` take a `UniqueKeys` wherever they take a dense key tensor and give the
+same vectors and gradients; a table that cannot use the deduplication (a sharded table, which
+deduplicates each replica's share after routing; `QREmbedding`) looks up ``keys()`` instead.
+``tf.data`` carries it through ``map`` and ``prefetch``; it is made per batch, after batching.
+
+Example:
+    >>> keys = tf.constant([[7, 3], [3, 9]], tf.int64)
+    >>> ready = unique_keys(keys)
+    >>> ready.unique.numpy().tolist(), ready.position.numpy().tolist()
+    ([7, 3, 9], [[0, 1], [1, 2]])
+    >>> bool(tf.reduce_all(ready.keys() == keys)), ready.shape
+    (True, TensorShape([2, 2]))
+    >>> dataset = tf.data.Dataset.from_tensor_slices(tf.zeros([8, 2], tf.int64)).batch(4)
+    >>> [type(k).__name__ for k in dataset.map(unique_keys).prefetch(1)]
+    ['UniqueKeys', 'UniqueKeys']
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+
+class UniqueKeys(tf.experimental.ExtensionType):
+    """Distinct keys ``unique [U]`` (int64) and, for every key of the batch, its place among them,
+    ``position`` (int32, the batch's key shape): the batch's keys are ``unique[position]``.
+
+    It acts as a tensor of the keys' shape where the layers expect one (Keras passes it through
+    ``layer(keys)``), so a step written for key tensors takes it unchanged.
+    """
+
+    __name__ = "sok_tutorial.UniqueKeys"
+    unique: tf.Tensor
+    position: tf.Tensor
+
+    def __validate__(self) -> None:
+        if not self.unique.dtype.is_integer or self.position.dtype != tf.int32:
+            raise TypeError(f"UniqueKeys needs integer unique keys and int32 positions, got unique "
+                            f"{self.unique.dtype.name} and position {self.position.dtype.name}")
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        """The batch's key shape (that of `position`)."""
+        return self.position.shape
+
+    @property
+    def dtype(self) -> tf.DType:
+        return self.unique.dtype
+
+    @property
+    def is_tensor_like(self) -> bool:  # Keras takes it as a layer's positional input
+        return True
+
+    def keys(self) -> tf.Tensor:
+        """The batch's keys again, ``unique[position]``."""
+        return tf.gather(self.unique, self.position)
+
+    def reshape(self, shape: Any) -> UniqueKeys:
+        """The same keys in another shape (of as many keys)."""
+        return UniqueKeys(self.unique, tf.reshape(self.position, shape))
+
+
+def unique_keys(keys: Any, *rest: Any) -> Any:
+    """`keys` (an integer tensor of any shape) deduplicated: a `UniqueKeys`. With more arguments (a
+    ``tf.data`` element ``(keys, labels, ...)``), the first is deduplicated and the rest pass on,
+    so ``dataset.map(unique_keys)`` works on ``(keys, labels)`` batches as on bare keys."""
+    keys = tf.convert_to_tensor(keys)
+    if not keys.dtype.is_integer:
+        raise TypeError(f"keys must be integers (int64 or int32), got {keys.dtype.name}")
+    unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+    ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)))
+    return (ready, *rest) if rest else ready
+
+
+def as_keys(keys: Any) -> Any:
+    """Plain keys: a `UniqueKeys` expanded back, anything else as it is."""
+    return keys.keys() if isinstance(keys, UniqueKeys) else keys
+
+
+def like_keys(keys: Any) -> Any:
+    """A tensor of the keys' shape, for shape arithmetic: `UniqueKeys`' positions, or the keys."""
+    return keys.position if isinstance(keys, UniqueKeys) else keys
