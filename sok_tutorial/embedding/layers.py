@@ -123,7 +123,7 @@ class _EmbeddingBase(keras.layers.Layer):
         if dtype is None or not dtype.is_integer:
             raise TypeError(f"{self.name}: keys must be integers ({self.key_dtype}), got {dtype}")
         if isinstance(keys, UniqueKeys):
-            return UniqueKeys(tf.cast(keys.unique, tf.int64), keys.position)
+            return UniqueKeys(tf.cast(keys.unique, tf.int64), keys.position, keys.pairs)
         return tf.cast(keys, tf.int64)
 
     def get_config(self) -> dict[str, Any]:
@@ -243,7 +243,7 @@ class DistributedEmbedding(_EmbeddingBase):
         weights = None if sp_weights is None else flat_weights(like_keys(keys), sp_weights,
                                                                name=f"{self.name}: sp_weights")
         if keys.shape.rank == 2:
-            keys = UniqueKeys(keys.unique, keys.position[:, :, None]) if isinstance(keys, UniqueKeys) \
+            keys = UniqueKeys(keys.unique, keys.position[:, :, None], keys.pairs) if isinstance(keys, UniqueKeys) \
                 else keys[:, :, None]
         if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
             raise ValueError(f"{self.name}: dense keys must be [batch, slot_num={self.slot_num}] or "

@@ -99,22 +99,26 @@ def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) 
     return tf.boolean_mask(gathered, keep)
 
 
-def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-    """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``."""
+def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
+                    pairs: tf.Tensor | None = None) -> tf.Tensor:
+    """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``.
+    `pairs`: the product's indices ``(k, position[k])`` ``[K, 2]`` int64, if made ahead (`UniqueKeys`)."""
     k = tf.shape(position, out_type=tf.int64)[0]
     flat = tf.reshape(values, tf.stack([k, -1]))
-    pick = tf.SparseTensor(tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1), tf.ones([k], values.dtype),
-                           tf.stack([k, tf.cast(count, tf.int64)]))
+    if pairs is None:
+        pairs = tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1)
+    pick = tf.SparseTensor(pairs, tf.ones([k], values.dtype), tf.stack([k, tf.cast(count, tf.int64)]))
     out = tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
     return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
 
 
-def expand(vectors: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
-    """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`)."""
+def expand(vectors: tf.Tensor, position: tf.Tensor, pairs: tf.Tensor | None = None) -> tf.Tensor:
+    """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`,
+    on `pairs` when they were made ahead)."""
     @tf.custom_gradient
     def gather(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def grad(upstream: tf.Tensor) -> tf.Tensor:
-            return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0])
+            return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0], pairs)
         return tf.gather(vectors, position), grad
     return gather(vectors)
 

@@ -330,12 +330,13 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         float32. New keys get rows in training calls (`inserting`). (`slots`, each key's slot,
         matters to table-wise sharded tables only.)"""
         ready = isinstance(keys, UniqueKeys)  # deduplicated ahead, in the input pipeline
-        keys = UniqueKeys(self._keys(keys.unique), keys.position) if ready else self._keys(keys)
+        keys = UniqueKeys(self._keys(keys.unique), keys.position, keys.pairs) if ready else self._keys(keys)
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
             return tf.zeros(tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0), compute_dtype(self.variable.dtype))
         self._mark_variables()
+        pairs = keys.pairs if ready else None
         if ready:
             unique, position = keys.unique, tf.reshape(keys.position, [-1])
         else:
@@ -348,7 +349,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             rows, found = self._rows_of_every_replica(unique, counts)
         else:
             rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
-        vectors = self._vectors(self.variable.value, rows, found, position)
+        vectors = self._vectors(self.variable.value, rows, found, position, pairs)
         return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -365,11 +366,12 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         return tf.gather(rows, mine), None if found is None else tf.gather(found, mine)
 
     @staticmethod
-    def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor) -> tf.Tensor:
-        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`.
-        Only found rows are read, so only they receive gradient."""
+    def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor,
+                 pairs: tf.Tensor | None = None) -> tf.Tensor:
+        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`
+        (`pairs`: `UniqueKeys.pairs`, when made ahead). Only found rows are read, so only they receive gradient."""
         if found is None:
-            return expand(gather_rows(variable, rows), position)
+            return expand(gather_rows(variable, rows), position, pairs)
         everyone = tf.reduce_all(found)  # the usual case: no key needs the zero row
         present = tf.cond(everyone, lambda: rows, lambda: tf.boolean_mask(rows, found))
         vectors = gather_rows(variable, present)

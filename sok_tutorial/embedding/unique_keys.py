@@ -27,7 +27,7 @@ Example:
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import tensorflow as tf
 
@@ -35,6 +35,9 @@ import tensorflow as tf
 class UniqueKeys(tf.experimental.ExtensionType):
     """Distinct keys ``unique [U]`` (int64) and, for every key of the batch, its place among them,
     ``position`` (int32, the batch's key shape): the batch's keys are ``unique[position]``.
+    `pairs` (int64 ``[K, 2]``: ``(k, position[k])`` for the K keys in flat order), when given, are
+    the indices of the sparse product that sums the gradients of repeated keys in the backward
+    pass (`sok_tutorial.embedding.ops.sum_by_position`), made ahead as well.
 
     It acts as a tensor of the keys' shape where the layers expect one (Keras passes it through
     ``layer(keys)``), so a step written for key tensors takes it unchanged.
@@ -43,6 +46,7 @@ class UniqueKeys(tf.experimental.ExtensionType):
     __name__ = "sok_tutorial.UniqueKeys"
     unique: tf.Tensor
     position: tf.Tensor
+    pairs: Optional[tf.Tensor] = None  # noqa: UP045 (TensorFlow's extension types read typing's Optional)
 
     def __validate__(self) -> None:
         if not self.unique.dtype.is_integer or self.position.dtype != tf.int32:
@@ -67,19 +71,20 @@ class UniqueKeys(tf.experimental.ExtensionType):
         return tf.gather(self.unique, self.position)
 
     def reshape(self, shape: Any) -> UniqueKeys:
-        """The same keys in another shape (of as many keys)."""
-        return UniqueKeys(self.unique, tf.reshape(self.position, shape))
+        """The same keys in another shape (of as many keys, so the same flat order)."""
+        return UniqueKeys(self.unique, tf.reshape(self.position, shape), self.pairs)
 
 
 def unique_keys(keys: Any, *rest: Any) -> Any:
-    """`keys` (an integer tensor of any shape) deduplicated: a `UniqueKeys`. With more arguments (a
+    """`keys` (an integer tensor of any shape) deduplicated: a `UniqueKeys`, with its `pairs`. With more arguments (a
     ``tf.data`` element ``(keys, labels, ...)``), the first is deduplicated and the rest pass on,
     so ``dataset.map(unique_keys)`` works on ``(keys, labels)`` batches as on bare keys."""
     keys = tf.convert_to_tensor(keys)
     if not keys.dtype.is_integer:
         raise TypeError(f"keys must be integers (int64 or int32), got {keys.dtype.name}")
     unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
-    ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)))
+    pairs = tf.stack([tf.range(tf.size(position, tf.int64)), tf.cast(position, tf.int64)], 1)
+    ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)), pairs)
     return (ready, *rest) if rest else ready
 
 
