@@ -39,7 +39,8 @@ Group ``memory`` (``benchmarks/_memory.py``): a 1M-id table against `QREmbedding
 collisions) and `MixedDimensionEmbedding` on the same Zipf keys: bytes and samples/s, each as a
 ratio to the full table.
 Group ``dlrm`` (``benchmarks/_dlrm.py``): notebook 05's DLRM (26 tables, 708,027 rows, batch 2048)
-with SGD, Adagrad and row-wise Adagrad, and with ``--torchrec`` TorchRec's DLRM
+with SGD, Adagrad and row-wise Adagrad, its keys deduplicated in the step or ahead in the input
+pipeline (``ours_pipeline``: ``dataset.map(model.deduplicate)``), and with ``--torchrec`` TorchRec's DLRM
 (``bench_torchrec_dlrm.py``: DistributedModelParallel and a FusedEmbeddingBagCollection) on the
 same batches, interleaved; samples/s, cores busy, ratios (goal 2x); ``embedding_dlrm.json``.
 
@@ -184,9 +185,9 @@ def child(argv: list[str]) -> None:
         result = _precision.train(parts[1], steps, quick=parts[-1] == "quick")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
-    elif case.startswith("dlrm:"):  # dlrm:<optimizer>:<batches file>[:profile]
+    elif case.startswith("dlrm:"):  # dlrm:<optimizer>:<batches file>[:profile|:pipeline]
         parts = case.split(":")
-        result = _dlrm.train(parts[1], parts[2], profile=parts[-1] == "profile")
+        result = _dlrm.train(parts[1], parts[2], profile=parts[-1] == "profile", pipeline=parts[-1] == "pipeline")
     elif case.startswith("keras_rs:"):  # keras_rs:<ours|keras_rs>
         result = _keras_rs.train(case.split(":")[1], rows, steps)
     else:
@@ -399,11 +400,13 @@ def dlrm(args: Any, run: Any) -> None:
     """The dlrm group (`benchmarks._dlrm`): notebook 05's DLRM against TorchRec's (with ``--torchrec``),
     interleaved rounds on one file of batches."""
     data = str(_dlrm.write_batches(Path(args.out) / "dlrm-batches.npz"))
-    ours: dict[str, list] = {}
+    ours: dict[tuple[str, str], list] = {}
     peers: dict[tuple[str, str], list] = {}
     for _ in range(1 if args.quick else args.repeat):
         for optimizer in _dlrm.OPTIMIZERS:
-            ours.setdefault(optimizer, []).append(run(f"dlrm:{optimizer}:{data}", 0, 0, ""))
+            for system in _dlrm.OURS:
+                ours.setdefault((system, optimizer), []).append(
+                    run(f"dlrm:{optimizer}:{data}" + (":pipeline" if system == "ours_pipeline" else ""), 0, 0, ""))
             if args.torchrec:
                 for impl in ("dmp", "fused"):
                     peers.setdefault((impl, optimizer), []).append(

@@ -9,6 +9,10 @@ these vectors; the top MLP maps the dot products and the bottom vector to one lo
     T = [d; e] [B, 27, D];  Z = T T^T;  keep the 27 * 26 / 2 = 351 pairs below the diagonal
     [d, pairs] [B, D + 351] --(zero-padded to a multiple of 16)--> top MLP --> logit [B, 1]
 
+The first top layer takes ``d`` and the pairs as two matmuls into its kernel's two blocks of rows
+(`interaction_layer`): the same layer and weights, without transposing the pairs back to one row
+per example or concatenating them with ``d``.
+
 Mixed-precision matrix units work on tiles whose dimensions are multiples of 8 or 16; padding
 the interaction (``pad_interaction_to=16``: 351 pairs + 16 -> 367 becomes 352 + 16 = 368) gives
 the top MLP's first matmul such a width.
@@ -28,6 +32,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import DistributedEmbedding
+from sok_tutorial.embedding.unique_keys import UniqueKeys, unique_keys
 
 
 def _pair_indices(f: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,18 +49,35 @@ def pairwise_interaction(vectors: tf.Tensor, pad_to: int | None = None) -> tf.Te
     """Dot products of every pair of the ``F`` vectors in ``[B, F, D]``, ``[B, F * (F - 1) / 2]``,
     zero-padded on the right to a multiple of `pad_to`.
 
-    The pairs are the lower triangle of the Gram matrix ``T T^T``, picked out with one gather of
-    whole columns of its transpose (a gather of single elements along the second axis is about
-    twice as slow on CPU). The gradient is written out: the Gram matrix is symmetric, so
-    ``dT = G T`` with ``G`` the pairs' gradients scattered into both triangles: one batched
-    matmul instead of autodiff's two, and a gather instead of a segment sum.
-
     Example:
         >>> v = tf.constant([[[1.0, 0.0], [2.0, 1.0], [0.0, 3.0]]])
         >>> pairwise_interaction(v).numpy().tolist()  # pairs (1,0), (2,0), (2,1)
         [[2.0, 0.0, 3.0]]
         >>> pairwise_interaction(v, pad_to=4).shape
         TensorShape([1, 4])
+    """
+    pairs = tf.transpose(pairs_by_column(vectors))
+    if pad_to:
+        pad = (-int(pairs.shape[1])) % pad_to
+        if pad:
+            pairs = tf.pad(pairs, [[0, 0], [0, pad]])
+    return pairs
+
+
+def pairs_by_column(vectors: tf.Tensor) -> tf.Tensor:
+    """`pairwise_interaction` transposed, ``[F * (F - 1) / 2, B]``: one column per example.
+
+    The pairs are the lower triangle of the Gram matrix ``T T^T``, picked out with one gather of
+    whole rows of its transpose (a gather of single elements along the second axis is about
+    twice as slow on CPU), and left in that layout: the next matmul takes them transposed for
+    free (`interaction_layer`). The gradient is written out: the Gram matrix is symmetric, so
+    ``dT = G T`` with ``G`` the pairs' gradients scattered into both triangles: one batched
+    matmul instead of autodiff's two, and a gather instead of a segment sum.
+
+    Example:
+        >>> v = tf.constant([[[1.0, 0.0], [2.0, 1.0], [0.0, 3.0]]])
+        >>> pairs_by_column(v).numpy().tolist()
+        [[2.0], [0.0], [3.0]]
     """
     f = vectors.shape[1]
     if f is None:
@@ -65,20 +87,41 @@ def pairwise_interaction(vectors: tf.Tensor, pad_to: int | None = None) -> tf.Te
     @tf.custom_gradient
     def pairs_of(t: tf.Tensor) -> tuple[tf.Tensor, Any]:
         gram = tf.reshape(tf.matmul(t, t, transpose_b=True), [-1, f * f])  # (B, F*F)
-        pairs = tf.transpose(tf.gather(tf.transpose(gram), lower))  # (B, F(F-1)/2)
+        pairs = tf.gather(tf.transpose(gram), lower)  # (F(F-1)/2, B)
 
         def grad(g: tf.Tensor) -> tf.Tensor:
-            both = tf.gather(tf.pad(tf.transpose(g), [[1, 0], [0, 0]]), inverse)  # (F*F, B), symmetric
+            both = tf.gather(tf.pad(g, [[1, 0], [0, 0]]), inverse)  # (F*F, B), symmetric
             return tf.matmul(tf.reshape(tf.transpose(both), [-1, f, f]), t)
 
         return pairs, grad
 
-    pairs = pairs_of(vectors)
-    if pad_to:
-        pad = (-len(lower)) % pad_to
-        if pad:
-            pairs = tf.pad(pairs, [[0, 0], [0, pad]])
-    return pairs
+    return pairs_of(vectors)
+
+
+def interaction_layer(layer: Any, x: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+    """The first top-MLP `layer` (a built ``keras.layers.Dense``) applied to ``[x, pairs]`` (the
+    dense vector and the pairwise dot products of ``[x; vectors]``, zero-padded to the layer's
+    input width) without forming that concatenation: ``x @ W_x + pairs @ W_pairs + b``, the pairs
+    in the layout `pairs_by_column` leaves them (padding columns, all zeros, add nothing).
+
+    Example:
+        >>> import keras
+        >>> layer = keras.layers.Dense(3, activation="relu")
+        >>> x, v = tf.random.normal([4, 2]), tf.random.normal([4, 5, 2])
+        >>> layer.build((None, 2 + 18))  # x, then 6 vectors' 15 pairs padded to 18
+        >>> expected = layer(tf.concat([x, pairwise_interaction(tf.concat([x[:, None], v], 1), 6)], 1))
+        >>> bool(tf.reduce_all(tf.abs(interaction_layer(layer, x, v) - expected) < 1e-5))
+        True
+    """
+    d = x.shape[-1]
+    with tf.name_scope("interaction"):
+        pairs = pairs_by_column(tf.concat([x[:, None, :], vectors], axis=1))  # (P, B)
+    with tf.name_scope(f"{layer.name}_1"):  # as a Keras call of the layer is scoped: profiles name the layer
+        kernel = tf.cast(layer.kernel, x.dtype)
+        h = tf.matmul(x, kernel[:d]) + tf.matmul(pairs, kernel[d:d + pairs.shape[0]], transpose_a=True)
+        if layer.use_bias:
+            h = tf.nn.bias_add(h, tf.cast(layer.bias, x.dtype))
+        return layer.activation(h)
 
 
 def continuous_input(features: Any, cont_names: Sequence[str], dtype: Any) -> tf.Tensor:
@@ -151,20 +194,57 @@ class DLRM(keras.Model):
     def call(self, features: dict[str, Any], training: Any = None) -> tf.Tensor:
         with tf.name_scope("inputs"):
             x = continuous_input(features, self.cont_names, self.compute_dtype)
-            if "categorical" in features:  # concat_categorical
+            ready = isinstance(features.get("categorical"), UniqueKeys)  # from `deduplicate`: offsets added
+            if ready:
+                keys = features["categorical"]
+            elif "categorical" in features:  # concat_categorical
                 keys = tf.cast(features["categorical"], tf.int64)
             else:
                 keys = tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)  # (B, F)
         x = apply_layers(self.bottom, x)  # (B, D)
+        if ready and self.embedding_kind != "sok":
+            raise ValueError(f"{self.name}: deduplicated keys (deduplicate) need embedding='sok', got "
+                             f"{self.embedding_kind!r}")
         if self.embedding_kind == "sok":
-            vectors = self.embedding(keys + self.offsets, training=training)  # one table: (B, F, D)
+            # one table: (B, F, D)
+            vectors = self.embedding(keys if ready else keys + self.offsets, training=training)
         else:
             vectors = tf.stack([emb(keys[:, i]) for i, emb in enumerate(self.embeddings)], axis=1)
-        with tf.name_scope("interaction"):
-            vectors = tf.cast(vectors, x.dtype)
-            pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), self.pad_interaction_to)
-            y = tf.concat([x, pairs], axis=1)
-        return self.logit(apply_layers(self.top, y))  # (B, 1), float32 even under mixed precision
+        vectors = tf.cast(vectors, x.dtype)
+        if not self.top:  # the pairs go to the logit itself
+            with tf.name_scope("interaction"):
+                pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), self.pad_interaction_to)
+            return self.logit(tf.concat([x, pairs], axis=1))
+        first = self.top[0]
+        if not first.built:
+            pairs = (len(self.cat_names) + 1) * len(self.cat_names) // 2
+            first.build((None, self.embedding_dim + pairs + (-pairs) % (self.pad_interaction_to or 1)))
+        y = interaction_layer(first, x, vectors)  # the pairs straight into top_0
+        return self.logit(apply_layers(self.top[1:], y))  # (B, 1), float32 even under mixed precision
+
+    def deduplicate(self, features: dict[str, Any], *rest: Any) -> Any:
+        """`features` with their categorical keys as `UniqueKeys` (table offsets added, deduplicated),
+        for ``dataset.map(model.deduplicate)``: the input pipeline then runs the deduplication of the
+        next batch while the step trains on this one (`sok_tutorial.embedding.unique_keys`). Other
+        arguments (labels) pass on.
+
+        Example:
+            >>> model = DLRM([4, 5], ["a", "b"], ["x"], embedding_dim=2)
+            >>> ready = model.deduplicate({"a": tf.constant([1, 1]), "b": tf.constant([0, 1]), "x": tf.ones([2])})
+            >>> ready["categorical"].unique.numpy().tolist(), sorted(ready)
+            ([1, 4, 5], ['categorical', 'x'])
+            >>> model(ready).shape
+            TensorShape([2, 1])
+        """
+        if self.embedding_kind != "sok":
+            raise ValueError(f"{self.name}: deduplicate needs embedding='sok' (one table), got {self.embedding_kind!r}")
+        if "categorical" in features:
+            keys = tf.cast(features["categorical"], tf.int64)
+        else:
+            keys = tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)
+        out = {k: v for k, v in features.items() if k not in self.cat_names}
+        out["categorical"] = unique_keys(keys + self.offsets)
+        return (out, *rest) if rest else out
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "cardinalities": self.cardinalities, "cat_names": self.cat_names,

@@ -27,6 +27,7 @@ import keras
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding.unique_keys import UniqueKeys
 from sok_tutorial.embedding.utils import split_embedding_variable_from_others
 
 
@@ -45,7 +46,7 @@ class SokStep:
         self.strategy, self.global_batch_size = strategy, global_batch_size
         self.num_replicas = strategy.num_replicas_in_sync
         self._loss = loss
-        self._compiled = tf.function(self._step)
+        self._compiled = tf.function(self._step, reduce_retracing=True)  # (UniqueKeys: distinct keys vary)
 
     def __call__(self, features: Any, labels: Any) -> tf.Tensor:
         """Train on one global batch; returns its mean loss (a scalar tensor)."""
@@ -61,7 +62,12 @@ class SokStep:
                              "the loss averages over the global batch (drop the last short batch, or make a "
                              "step for its size)")
         if self.num_replicas == 1:
-            return tf.nest.map_structure(tf.convert_to_tensor, (features, labels))
+            return tf.nest.map_structure(lambda v: v if isinstance(v, UniqueKeys) else tf.convert_to_tensor(v),
+                                         (features, labels))
+        if any(isinstance(v, UniqueKeys) for v in tf.nest.flatten(features)):
+            raise ValueError(f"features hold keys deduplicated ahead (UniqueKeys), which feed one replica; with "
+                             f"{self.num_replicas} replicas pass the keys themselves (each replica deduplicates "
+                             "its share)")
         per = batch // self.num_replicas
 
         def part(array: Any) -> Any:

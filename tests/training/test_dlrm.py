@@ -199,3 +199,30 @@ def test_both_pipelines_stack_columns_alike(tmp_path):
     assert int(tf.reduce_max(next(iter(hashed))[0]["categorical"])) < 10
     with pytest.raises(ValueError, match="concat_categorical"):
         ParquetLoader(tmp_path / "pq", 500, ["label"], cont_names=CONT_NAMES, concat_categorical=True)
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "RowWiseAdagrad"])
+def test_keys_deduplicated_in_the_pipeline_train_the_dlrm_as_the_plain_features(optimizer):
+    """``dataset.map(model.deduplicate)``: the same losses and the same tables as the features themselves."""
+    import sok_tutorial as sok
+    from sok_tutorial.training.step import make_sok_step
+
+    features, labels = _features(64, seed=3), tf.constant(np.random.default_rng(4).integers(0, 2, (64, 1)), tf.float32)
+
+    def run(deduplicated: bool) -> tuple[list[float], np.ndarray]:
+        keras.utils.set_random_seed(0)
+        model = DLRM(CARDS, CAT_NAMES, CONT_NAMES, embedding_dim=4, bottom_mlp=[8], top_mlp=[8])
+        dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(16)
+        if deduplicated:
+            dataset = dataset.map(model.deduplicate).prefetch(1)
+        batches = list(dataset)
+        model(batches[0][0])
+        step = make_sok_step(model, getattr(sok.optimizers, optimizer)(0.1), global_batch_size=16)
+        losses = [float(step(f, y)) for f, y in batches]
+        return losses, model.embedding.embedding_variable.numpy()
+
+    (plain_losses, plain), (losses, table) = run(False), run(True)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    np.testing.assert_allclose(table, plain, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="deduplicate needs embedding='sok'"):
+        DLRM(CARDS, CAT_NAMES, CONT_NAMES, embedding="keras").deduplicate(features)
