@@ -124,6 +124,18 @@ def interaction_layer(layer: Any, x: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor
         return layer.activation(h)
 
 
+def interaction_and_top(x: tf.Tensor, vectors: tf.Tensor, top: Sequence[Any], logit: Any,
+                        pad_to: int | None = None) -> tf.Tensor:
+    """The logit of ``[x, pairs]`` through the top MLP `top` (built layers) and `logit`: the pairs
+    straight into the first top layer (`interaction_layer`), or into `logit` when there is no top
+    MLP (padded to a multiple of `pad_to`)."""
+    if top:
+        return logit(apply_layers(top[1:], interaction_layer(top[0], x, vectors)))
+    with tf.name_scope("interaction"):
+        pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), pad_to)
+    return logit(tf.concat([x, pairs], axis=1))
+
+
 def continuous_input(features: Any, cont_names: Sequence[str], dtype: Any) -> tf.Tensor:
     """``log(1 + max(x, 0))`` of the continuous features, ``[B, C]``: from ``features["continuous"]``
     (the loaders' ``concat_continuous``) or stacked from ``features[name]`` for `cont_names`.
@@ -195,12 +207,7 @@ class DLRM(keras.Model):
         with tf.name_scope("inputs"):
             x = continuous_input(features, self.cont_names, self.compute_dtype)
             ready = isinstance(features.get("categorical"), UniqueKeys)  # from `deduplicate`: offsets added
-            if ready:
-                keys = features["categorical"]
-            elif "categorical" in features:  # concat_categorical
-                keys = tf.cast(features["categorical"], tf.int64)
-            else:
-                keys = tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)  # (B, F)
+            keys = features["categorical"] if ready else self._categorical(features)
         x = apply_layers(self.bottom, x)  # (B, D)
         if ready and self.embedding_kind != "sok":
             raise ValueError(f"{self.name}: deduplicated keys (deduplicate) need embedding='sok', got "
@@ -210,17 +217,18 @@ class DLRM(keras.Model):
             vectors = self.embedding(keys if ready else keys + self.offsets, training=training)
         else:
             vectors = tf.stack([emb(keys[:, i]) for i, emb in enumerate(self.embeddings)], axis=1)
-        vectors = tf.cast(vectors, x.dtype)
-        if not self.top:  # the pairs go to the logit itself
-            with tf.name_scope("interaction"):
-                pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), self.pad_interaction_to)
-            return self.logit(tf.concat([x, pairs], axis=1))
-        first = self.top[0]
-        if not first.built:
+        if self.top and not self.top[0].built:  # (the pairs go into it without calling it)
             pairs = (len(self.cat_names) + 1) * len(self.cat_names) // 2
-            first.build((None, self.embedding_dim + pairs + (-pairs) % (self.pad_interaction_to or 1)))
-        y = interaction_layer(first, x, vectors)  # the pairs straight into top_0
-        return self.logit(apply_layers(self.top[1:], y))  # (B, 1), float32 even under mixed precision
+            self.top[0].build((None, self.embedding_dim + pairs + (-pairs) % (self.pad_interaction_to or 1)))
+        # (B, 1), float32 even under mixed precision
+        return interaction_and_top(x, tf.cast(vectors, x.dtype), self.top, self.logit, self.pad_interaction_to)
+
+    def _categorical(self, features: dict[str, Any]) -> tf.Tensor:
+        """The categorical keys ``[B, F]`` int64: ``features["categorical"]`` (the loaders'
+        ``concat_categorical``) or stacked from ``features[name]`` for `cat_names`."""
+        if "categorical" in features:
+            return tf.cast(features["categorical"], tf.int64)
+        return tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)
 
     def deduplicate(self, features: dict[str, Any], *rest: Any) -> Any:
         """`features` with their categorical keys as `UniqueKeys` (table offsets added, deduplicated),
@@ -238,12 +246,8 @@ class DLRM(keras.Model):
         """
         if self.embedding_kind != "sok":
             raise ValueError(f"{self.name}: deduplicate needs embedding='sok' (one table), got {self.embedding_kind!r}")
-        if "categorical" in features:
-            keys = tf.cast(features["categorical"], tf.int64)
-        else:
-            keys = tf.stack([tf.cast(features[n], tf.int64) for n in self.cat_names], axis=1)
         out = {k: v for k, v in features.items() if k not in self.cat_names}
-        out["categorical"] = unique_keys(keys + self.offsets)
+        out["categorical"] = unique_keys(self._categorical(features) + self.offsets)
         return (out, *rest) if rest else out
 
     def get_config(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.models.dlrm import apply_layers, continuous_input, interaction_layer, mlps, pairwise_interaction
+from sok_tutorial.models.dlrm import apply_layers, continuous_input, interaction_and_top, mlps
 
 
 class TablesDLRM(keras.Model):
@@ -97,8 +97,4 @@ class TablesDLRM(keras.Model):
             if name in self.remap:
                 keys = tf.gather(self.remap[name], keys)
             vectors.append(tf.cast(tf.reshape(table(keys, training=training), [-1, self.embedding_dim]), x.dtype))
-        if not self.top:
-            pairs = pairwise_interaction(tf.stack(vectors, axis=1))  # (B, F(F+1)/2)
-            return self.logit(tf.concat([x, pairs], axis=1))
-        y = interaction_layer(self.top[0], x, tf.stack(vectors[1:], axis=1))  # the pairs straight into top_0
-        return self.logit(apply_layers(self.top[1:], y))  # (B, 1)
+        return interaction_and_top(x, tf.stack(vectors[1:], axis=1), self.top, self.logit)  # (B, 1)
