@@ -106,11 +106,6 @@ def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = Fal
     return result
 
 
-def peer_cases() -> list[tuple[str, str]]:
-    """(TorchRec implementation, optimizer) of every peer case."""
-    return [(impl, o) for o in OPTIMIZERS for impl in ("dmp", "fused")]
-
-
 def run_peer(python: str, peers: str, impl: str, optimizer: str, data: str) -> dict[str, Any]:
     """One run of TorchRec's DLRM (``bench_torchrec_dlrm.py``) on `data`: its RESULT record."""
     import json

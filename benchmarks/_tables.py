@@ -122,12 +122,12 @@ def train_step(embedding: Any, opt: Any, example: Any) -> Any:
 
 
 def timed(step: Any, data: Any, count: int | None = None, after: Any = None) -> list[float]:
-    """Seconds of each step over `data` (a list, or an iterator of which `count` batches are taken),
+    """Seconds of each step over `data` (a list, or the first `count` batches of an iterator),
     taking the batch included and the loss read back, so the step has finished; `after`, if
     given, is called after each step, outside the timing."""
     times = []
-    batches = iter(data[:count] if isinstance(data, list) else data)
-    for _ in range(len(data[:count]) if isinstance(data, list) else count):
+    batches = iter(data)
+    for _ in range(len(data) if count is None else count):
         start = time.perf_counter()
         keys, labels = next(batches)
         float(step(keys, labels))

@@ -122,9 +122,7 @@ class _EmbeddingBase(keras.layers.Layer):
         dtype = keys.dtype if hasattr(keys, "dtype") else None
         if dtype is None or not dtype.is_integer:
             raise TypeError(f"{self.name}: keys must be integers ({self.key_dtype}), got {dtype}")
-        if isinstance(keys, UniqueKeys):
-            return UniqueKeys(tf.cast(keys.unique, tf.int64), keys.position, keys.pairs)
-        return tf.cast(keys, tf.int64)
+        return keys if isinstance(keys, UniqueKeys) else tf.cast(keys, tf.int64)  # (UniqueKeys: int64 already)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "max_vocabulary_size_per_gpu": self.max_vocabulary_size_per_gpu,

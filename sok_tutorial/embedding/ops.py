@@ -4,7 +4,8 @@
   `UniqueRowsGradient`, which tells the sparse optimizers that the rows are distinct and their
   gradients summed, and hands them the rows it read, so that a step reads each row once.
   `expand` repeats those rows for every key of the batch, and its gradient sums the repeats
-  with one sparse matrix product (`sum_by_position`).
+  with one sparse matrix product (`sum_by_position`); `vectors_of` puts the two together, with
+  zeros for keys that have no row.
 * `inserting` decides whether a call gives new keys rows (training) or not (inference).
 * `all_gather` is ``ReplicaContext.all_gather`` that also survives every replica sending
   nothing; `local_components` are the per-device variables behind a mirrored one.
@@ -173,3 +174,29 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
         return tf.identity(values), grad
     read = widen(tf.stop_gradient(read_rows(variable, rows)))
     return attach(handle, read)
+
+
+def vectors_of(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor,
+               pairs: tf.Tensor | None = None) -> tf.Tensor:
+    """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`
+    (`pairs`: `UniqueKeys.pairs`, when made ahead). Only found rows are read, so only they receive
+    gradient: the end of every table's lookup.
+
+    Example:
+        >>> v = tf.Variable([[1.0], [2.0], [3.0]])
+        >>> vectors_of(v, tf.constant([2, 0]), tf.constant([True, False]), tf.constant([0, 1, 0])).numpy().tolist()
+        [[3.0], [0.0], [3.0]]
+    """
+    if found is None:
+        return expand(gather_rows(variable, rows), position, pairs)
+    everyone = tf.reduce_all(found)  # the usual case: no key needs the zero row
+    present = tf.cond(everyone, lambda: rows, lambda: tf.boolean_mask(rows, found))
+    vectors = gather_rows(variable, present)
+
+    def absent_to_zeros() -> tuple[tf.Tensor, tf.Tensor]:
+        at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
+        return (tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0),
+                tf.gather(at, position))
+
+    vectors, position = tf.cond(everyone, lambda: (vectors, position), absent_to_zeros)
+    return expand(vectors, position)

@@ -72,7 +72,7 @@ from kernels import checks
 from sok_tutorial.embedding import layouts
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values_tf
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components
+from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.placement import EXCHANGES
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup
@@ -235,7 +235,7 @@ class ShardedTable(ShardedRows, EmbeddingTable):
             if insert and self.lifecycle.counts else None
         rows, found = self._owned_rows(unique, unique_slots, insert, component, counts)
         variable = self.variable.value if component is None else local_components(self.variable)[component]
-        return self._vectors(variable, rows, found, position)
+        return vectors_of(variable, rows, found, position)
 
     def _owned_rows(self, keys: tf.Tensor, slots: tf.Tensor | None, insert: bool, component: int | None,
                     counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:

@@ -52,7 +52,7 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import all_gather, expand, gather_rows, in_shape_trace, inserting, local_components
+from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
@@ -330,7 +330,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         float32. New keys get rows in training calls (`inserting`). (`slots`, each key's slot,
         matters to table-wise sharded tables only.)"""
         ready = isinstance(keys, UniqueKeys)  # deduplicated ahead, in the input pipeline
-        keys = UniqueKeys(self._keys(keys.unique), keys.position, keys.pairs) if ready else self._keys(keys)
+        keys = keys if ready else self._keys(keys)  # (UniqueKeys: int64 already)
         if not self.built:
             self.build()
         if in_shape_trace(self.variable):
@@ -349,7 +349,7 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             rows, found = self._rows_of_every_replica(unique, counts)
         else:
             rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
-        vectors = self._vectors(self.variable.value, rows, found, position, pairs)
+        vectors = vectors_of(self.variable.value, rows, found, position, pairs)
         return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
@@ -364,25 +364,6 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         rows, found = self.rows(union, insert=True, counts=total)
         mine = where[tf.reduce_sum(sizes[:context.replica_id_in_sync_group]):][:tf.size(keys)]
         return tf.gather(rows, mine), None if found is None else tf.gather(found, mine)
-
-    @staticmethod
-    def _vectors(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position: tf.Tensor,
-                 pairs: tf.Tensor | None = None) -> tf.Tensor:
-        """The rows of distinct keys (zeros where `found` is False), repeated for every key at `position`
-        (`pairs`: `UniqueKeys.pairs`, when made ahead). Only found rows are read, so only they receive gradient."""
-        if found is None:
-            return expand(gather_rows(variable, rows), position, pairs)
-        everyone = tf.reduce_all(found)  # the usual case: no key needs the zero row
-        present = tf.cond(everyone, lambda: rows, lambda: tf.boolean_mask(rows, found))
-        vectors = gather_rows(variable, present)
-
-        def absent_to_zeros() -> tuple[tf.Tensor, tf.Tensor]:
-            at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
-            return (tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0),
-                    tf.gather(at, position))
-
-        vectors, position = tf.cond(everyone, lambda: (vectors, position), absent_to_zeros)
-        return expand(vectors, position)
 
     def call(self, keys: Any, training: Any = None) -> tf.Tensor:
         return self.lookup(keys, training)

@@ -49,8 +49,8 @@ class UniqueKeys(tf.experimental.ExtensionType):
     pairs: Optional[tf.Tensor] = None  # noqa: UP045 (TensorFlow's extension types read typing's Optional)
 
     def __validate__(self) -> None:
-        if not self.unique.dtype.is_integer or self.position.dtype != tf.int32:
-            raise TypeError(f"UniqueKeys needs integer unique keys and int32 positions, got unique "
+        if self.unique.dtype != tf.int64 or self.position.dtype != tf.int32:
+            raise TypeError(f"UniqueKeys needs int64 unique keys and int32 positions, got unique "
                             f"{self.unique.dtype.name} and position {self.position.dtype.name}")
 
     @property

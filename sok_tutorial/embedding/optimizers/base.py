@@ -54,8 +54,9 @@ def current(gradient: tf.IndexedSlices, variable: Any, rows: tf.Tensor) -> tf.Te
     """The values of `rows` of `variable` now, for the update: the rows a table's lookup read in
     this step when its gradient arrives as it left the lookup (`UniqueRowsGradient.read`, so the
     step reads each row once), else a gather."""
-    read = getattr(gradient, "read", None) if isinstance(gradient, UniqueRowsGradient) else None
-    return read if read is not None else gather(variable, rows)
+    if isinstance(gradient, UniqueRowsGradient) and gradient.read is not None:
+        return gradient.read
+    return gather(variable, rows)
 
 
 def gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
