@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable
+from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updated
 
 _MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
@@ -234,31 +234,35 @@ class BucketedIndex:
                 score, top = tf.where(marks >= 0, decayed * (1 << 32) + tf.cast(marks, tf.int64), _EMPTY), _INT64_MAX
             else:
                 score, top = marks, self.mark_dtype.max
-        free = tf.not_equal(marks, stamp)
-        score = tf.where(free, score, top)
-        buckets, group = tf.unique(new_bucket, out_idx=tf.int32)
+        score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
+        buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
         rank, first = _rank_in_group(group, tf.size(buckets))
         position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
         later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
         order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
-        position = tf.tensor_scatter_nd_update(position, later[:, None], tf.gather(
-            order, tf.minimum(tf.gather(rank, later), width - 1), batch_dims=1))
-        take = tf.where(rank < tf.reduce_sum(tf.cast(free, tf.int32), axis=1))[:, 0]
-        position, take_group = tf.gather(position, take), tf.gather(group, take)
+        position = updated(position, later, tf.gather(order, tf.minimum(tf.gather(rank, later), width - 1),
+                                                      batch_dims=1))
+        # the slot each key would take, flat in its [W] row; it may if that row's score is below `top`
+        # (the rank-th lowest is then free: the free rows sort first) and its rank is below W
+        slot = tf.range(tf.size(new), dtype=tf.int32) * width + position
+        take = tf.where((tf.gather(tf.reshape(score, [-1]), slot) < top) & (rank < width))[:, 0]
+        position, take_group, slot = tf.gather(position, take), tf.gather(group, take), tf.gather(slot, take)
         taken = tf.gather(new_bucket, take) * width + tf.cast(position, tf.int64)
-        placed_keys = tf.gather(new_keys, take)
-        previous = tf.gather(tf.gather(marks, take), position, batch_dims=1)
+        placed_keys, placed = tf.gather(new_keys, take), tf.gather(new, take)  # (placed: index in `keys`)
+        previous = tf.gather(tf.reshape(marks, [-1]), slot)  # -1: the row was empty
+        held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
+        evicted = tf.boolean_mask(tf.gather(tf.reshape(held_keys, [-1]), held_at), previous >= 0)
         new_rows = tf.gather(held_keys, tf.gather(new, first))  # (buckets, W): a row per bucket
-        evicted = tf.boolean_mask(tf.gather(tf.gather(new_rows, take_group), position, batch_dims=1), previous >= 0)
-        new_rows = tf.tensor_scatter_nd_update(new_rows, tf.stack([take_group, position], 1), placed_keys)
+        new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
+                              [-1, width])
         with tf.control_dependencies([evicted]):
             writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
                       tf_variable(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
             if self.policy == "lfu":
                 writes.append(tf_variable(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
-                    tf.gather(tf.gather(counts, new), take), _COUNT_MAX), tf.int32), taken)))
+                    tf.gather(counts, placed), _COUNT_MAX), tf.int32), taken)))
         with tf.control_dependencies(writes):
-            rows = tf.tensor_scatter_nd_update(tf.where(held, row, _EMPTY), tf.gather(new, take)[:, None], taken)
+            rows = updated(tf.where(held, row, _EMPTY), placed, taken)
             if self.ttl is not None:  # expired keys back in their own rows: fresh values too
                 renewed = tf.where(held & ~live)[:, 0]
                 placed_keys = tf.concat([placed_keys, tf.gather(keys, renewed)], 0)
@@ -337,9 +341,9 @@ def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor) -> tuple[tf.Tensor,
         group = tf.gather(groups, pending)
         later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
             pending, group, num_groups), group), pending))
-        return later, tf.tensor_scatter_nd_add(rank, later[:, None], tf.ones(tf.shape(later), tf.int32))
+        return later, updated(rank, later, tf.gather(rank, later) + 1)
 
-    start = tf.boolean_mask(tf.range(n), tf.not_equal(tf.gather(first, groups), tf.range(n)))
-    rank = tf.tensor_scatter_nd_add(tf.zeros([n], tf.int32), start[:, None], tf.ones(tf.shape(start), tf.int32))
+    later = tf.not_equal(tf.gather(first, groups), tf.range(n))
+    start, rank = tf.boolean_mask(tf.range(n), later), tf.cast(later, tf.int32)
     return tf.while_loop(lambda pending, _: tf.size(pending) > 0, body, [start, rank],
                          shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None])])[1], first

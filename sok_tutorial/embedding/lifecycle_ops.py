@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import read_rows, tf_variable
+from sok_tutorial.embedding.ops import read_rows, tf_variable, updated
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
@@ -160,7 +160,7 @@ class LifecycleOps:
         if admission and life.admits:
             ok = self.admit(new_keys, None if counts is None else tf.boolean_mask(counts, missing), now)
             new_keys, new_slots = tf.boolean_mask(new_keys, ok), tf.boolean_mask(new_slots, ok)
-            placing = tf.tensor_scatter_nd_update(missing, tf.where(missing), ok)
+            placing = updated(missing, tf.where(missing)[:, 0], ok)
         count, held = tf.size(new_keys, tf.int64), index.size.read_value()
         name = self.name.replace("{", "{{").replace("}", "}}")
         check = tf.debugging.Assert(count <= capacity - held, [tf.strings.format(
@@ -175,5 +175,5 @@ class LifecycleOps:
             if life.track_changes:
                 ops += self.touch(new_rows, now)
         with tf.control_dependencies(ops):
-            rows = tf.tensor_scatter_nd_update(rows, tf.where(placing), new_rows)
+            rows = updated(rows, tf.where(placing)[:, 0], new_rows)
             return rows, (rows >= 0 if admission and life.admits else None), tf.identity(new_keys), new_rows
