@@ -76,9 +76,11 @@ class Adam(SparseOptimizer, keras.optimizers.Adam):
         if slot is not None:  # an embedding table: all its moments in one slot
             dim = int(variable.shape[-1])
             moments = restart(gather(slot, rows), fresh)  # m, v, v_hat and LazyAdam's count all start at 0
-            m_rows, v_rows = moments[:, :dim], moments[:, dim:2 * dim]
-            v_hat_rows = moments[:, 2 * dim:3 * dim] if self.amsgrad else None
-            steps = moments[:, -1:] + 1 if self._row_counts else None
+            # one split, not a slice per part: a single pass over the rows read
+            parts = tf.split(moments, [dim] * (3 if self.amsgrad else 2) + ([1] if self._row_counts else []), axis=1)
+            m_rows, v_rows = parts[0], parts[1]
+            v_hat_rows = parts[2] if self.amsgrad else None
+            steps = parts[-1] + 1 if self._row_counts else None
         else:  # another variable that received a sparse gradient: Keras' separate slots
             m_rows, v_rows = gather(self._momentums[index], rows), gather(self._velocities[index], rows)
             v_hat_rows = gather(self._velocity_hats[index], rows) if self.amsgrad else None
