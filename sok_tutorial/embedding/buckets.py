@@ -8,7 +8,9 @@ the embedding variable. The index is::
     keys   [buckets, W] int64  the key held by each row, a bucket per row of the variable, so one
                                gather reads a key's whole bucket (W = 8: one 64-byte cache line)
     marks  [capacity] int32    clock of each row's last training lookup; -1: empty
-    counts [capacity] int32    "lfu" only: occurrences, halved each lfu_halflife steps (lazily)
+           [capacity] int64    "lfu": the mark and the row's count in one word, ``count * 2**32 +
+                               mark + 1`` (0: empty), so a touch or a new key's score reads and
+                               writes one value; the count is halved each lfu_halflife steps (lazily)
 
 An empty row holds a key of another bucket, which no lookup of this bucket can match, so every
 int64 is a key and a lookup needs no marks (a one-bucket table, which has no other bucket, checks
@@ -122,21 +124,23 @@ class BucketedIndex:
         self.capacity, self.width, self.policy = int(capacity), int(width), policy
         self.num_buckets, self.shards = self.capacity // self.width, int(shards)
         self.ttl, self.halflife, self.mark_dtype = ttl, int(halflife), tf.as_dtype(mark_dtype)
-        self.keys = self.marks = self.counts = None
+        self.packed = policy == "lfu"  # marks hold the count too (module docstring)
+        self.keys = self.marks = None
 
     def create(self, weight: Callable[[str, tuple, str, Any], Any]) -> None:
         """Make the variables with ``weight(name, shape, dtype, initial value)``: keys ``[buckets,
-        W]`` (a bucket is read as one row), marks and counts ``[capacity]`` (written per slot)."""
+        W]`` (a bucket is read as one row), marks ``[capacity]`` (written per slot)."""
         self.keys = weight("row_keys", (self.num_buckets, self.width), "int64", self.empty_keys().reshape(
             self.num_buckets, self.width))
-        self.marks = weight("row_seen", (self.capacity,), self.mark_dtype.name, _EMPTY)
-        if self.policy == "lfu":
-            self.counts = weight("row_count", (self.capacity,), "int32", 0)
+        if self.packed:
+            self.marks = weight("row_seen_count", (self.capacity,), "int64", 0)
+        else:
+            self.marks = weight("row_seen", (self.capacity,), self.mark_dtype.name, _EMPTY)
 
     def local(self, component: int) -> BucketedIndex:
         """This index over one local copy of its (mirrored) variables: a replica's shard, on the host
         or outside ``strategy.run``."""
-        return local_view(self, ("keys", "marks", "counts"), component)
+        return local_view(self, ("keys", "marks"), component)
 
     def bucket(self, keys: tf.Tensor) -> tf.Tensor:
         """The bucket of each key in its shard's index."""
@@ -173,36 +177,44 @@ class BucketedIndex:
     @property
     def bytes_per_row(self) -> int:
         """Index memory per row: key, mark and (``"lfu"``) count."""
-        return 8 + self.mark_dtype.size + (4 if self.policy == "lfu" else 0)
+        return 8 + (8 if self.packed else self.mark_dtype.size)
 
     # ------------------------------------------------------------------ in the graph
     def _find(self, keys: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired,
-        mark of the row (None under ``"lru"``))."""
+        """(bucket, the bucket's keys ``[n, W]``, row of each key or any, held, held and not expired)."""
         bucket = self.bucket(keys)
         held_keys = read_rows(self.keys, bucket)  # (n, W): one row per key
         match = tf.equal(held_keys, keys[:, None])
         if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
-            match &= read_rows(self.marks, tf.range(self.width, dtype=tf.int64))[None] >= 0
+            match &= self._marks_of(read_rows(self.marks, tf.range(self.width, dtype=tf.int64)))[None] >= 0
         position = _position(match)
         held = position >= 0
         row = bucket * self.width + tf.maximum(position, 0)
-        if self.policy == "lru":  # (the mark of a hit matters to expiry and to LFU's decay only)
-            return bucket, held_keys, row, held, held, None
-        mark = tf.cast(read_rows(self.marks, row), tf.int64)
-        live = held if self.ttl is None else held & (now - mark <= self.ttl)
-        return bucket, held_keys, row, held, live, mark
+        if self.ttl is None:  # (the mark of a hit matters to expiry only)
+            return bucket, held_keys, row, held, held
+        live = held & (now - tf.cast(read_rows(self.marks, row), tf.int64) <= self.ttl)
+        return bucket, held_keys, row, held, live
 
     def lookup(self, keys: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
         """Row of each of the 1-D int64 `keys`, or -1 (absent, or expired at clock `now`)."""
-        _, _, row, _, live, _ = self._find(keys, now)
+        _, _, row, _, live = self._find(keys, now)
         return tf.where(live, row, _EMPTY)
 
-    def _decayed(self, counts: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """LFU counts as of `now` (int32): halved once per halflife epoch boundary since their mark."""
-        epoch = tf.cast(now // self.halflife, tf.int32)  # a step clock: marks are int32
-        since = epoch - tf.maximum(tf.cast(marks, tf.int32), 0) // self.halflife
-        return tf.bitwise.right_shift(tf.cast(counts, tf.int32), tf.minimum(since, 31))
+    def _marks_of(self, values: tf.Tensor) -> tf.Tensor:
+        """The marks in `values` read from ``marks`` (``"lfu"``: their low word, less one), int64."""
+        if not self.packed:
+            return tf.cast(values, tf.int64)
+        return tf.bitwise.bitwise_and(values, tf.constant(0xFFFFFFFF, tf.int64)) - 1
+
+    def _decayed(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """``"lfu"``: the counts in packed `values` (their `marks` decoded) as of `now`, int64: halved
+        once per halflife epoch boundary since their mark."""
+        since = now // self.halflife - tf.maximum(marks, 0) // self.halflife
+        return tf.bitwise.right_shift(tf.bitwise.right_shift(values, 32), tf.minimum(since, 62))
+
+    def _packed(self, counts: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """``"lfu"``: the word of rows seen at `now` with int64 `counts` (capped to int32's range)."""
+        return tf.minimum(counts, _COUNT_MAX) * (1 << 32) + (now + 1)
 
     def place(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor,
               admit: Callable[[tf.Tensor, tf.Tensor | None], tf.Tensor] | None = None) -> Placed:
@@ -212,28 +224,30 @@ class BucketedIndex:
         writes the new rows' values."""
         if self.policy == "lfu" and counts is None:  # (a write, not a lookup: each key once)
             counts = tf.ones(tf.shape(keys), tf.int64)
-        bucket, held_keys, row, held, live, mark = self._find(keys, now)
+        bucket, held_keys, row, held, live = self._find(keys, now)
         width, stamp = self.width, tf.cast(now, self.mark_dtype)
         hit = tf.where(held)[:, 0]
         hits = tf.gather(row, hit)  # expired "ttl" keys too: they take their own row back
-        touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))]
-        if self.policy == "lfu":
-            old = read_rows(self.counts, hits)
-            total = tf.cast(self._decayed(old, tf.gather(mark, hit), now), tf.int64) + tf.gather(counts, hit)
-            touched.append(tf_variable(self.counts).scatter_update(tf.IndexedSlices(
-                tf.cast(tf.minimum(total, _COUNT_MAX), tf.int32), hits)))
+        if self.packed:  # the count as of now plus this step's, and the mark, in one write
+            old = read_rows(self.marks, hits)
+            seen = self._packed(self._decayed(old, self._marks_of(old), now) + tf.gather(counts, hit), now)
+        else:
+            seen = tf.fill(tf.shape(hits), stamp)
+        touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, hits))]
         new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
             new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
         spans = tf.cast(new_bucket, tf.int32)[:, None] * width + tf.range(width)  # (m, W): the rows of each bucket
         with tf.control_dependencies(touched):  # this step's hits are taken
-            marks = read_rows(self.marks, spans)
-            if self.policy == "lfu":
-                decayed = tf.cast(self._decayed(read_rows(self.counts, spans), marks, now), tf.int64)
-                score, top = tf.where(marks >= 0, decayed * (1 << 32) + tf.cast(marks, tf.int64), _EMPTY), _INT64_MAX
-            else:
-                score, top = marks, self.mark_dtype.max
+            values = read_rows(self.marks, spans)
+        if self.packed:
+            marks = self._marks_of(values)
+            score = tf.where(marks >= 0, self._decayed(values, marks, now) * (1 << 32) + marks, _EMPTY)
+            top, stamp = _INT64_MAX, now
+        else:
+            marks = score = values
+            top = self.mark_dtype.max
         score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
         rank, first = _rank_in_group(group, tf.size(buckets))
@@ -256,11 +270,9 @@ class BucketedIndex:
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])
         with tf.control_dependencies([evicted]):
+            seen = self._packed(tf.gather(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
             writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
-                      tf_variable(self.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))]
-            if self.policy == "lfu":
-                writes.append(tf_variable(self.counts).scatter_update(tf.IndexedSlices(tf.cast(tf.minimum(
-                    tf.gather(counts, placed), _COUNT_MAX), tf.int32), taken)))
+                      tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))]
         with tf.control_dependencies(writes):
             rows = updated(tf.where(held, row, _EMPTY), placed, taken)
             if self.ttl is not None:  # expired keys back in their own rows: fresh values too
@@ -270,14 +282,23 @@ class BucketedIndex:
             return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(take, tf.int64))
 
     # ------------------------------------------------------------------ on the host
+    def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:
+        """Each row's mark (-1: empty), int64: of `values` read from ``marks``, or of all rows."""
+        values = (self.marks.numpy() if values is None else np.asarray(values)).astype(np.int64)
+        return (values & 0xFFFFFFFF) - 1 if self.packed else values
+
+    def counts_np(self, values: np.ndarray) -> np.ndarray:
+        """``"lfu"``: the counts in `values` read from ``marks``, as stored (decayed as of their mark)."""
+        return np.asarray(values, np.int64) >> 32
+
     def live(self, now: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, keys, marks) of the rows holding a key (not expired at clock `now`), row order."""
-        marks = self.marks.numpy()
+        marks = self.marks_np()
         held = marks >= 0
         if self.ttl is not None and now is not None:
             held &= now - marks.astype(np.int64) <= self.ttl
         rows = np.flatnonzero(held).astype(np.int64)
-        return rows, self.keys.numpy().reshape(-1)[rows], marks[rows].astype(np.int64)
+        return rows, self.keys.numpy().reshape(-1)[rows], marks[rows]
 
     def expired(self, since: int, now: int) -> np.ndarray:
         """``"ttl"``: keys alive at clock `since` that have expired by `now` (still in their slots)."""
@@ -307,11 +328,12 @@ class BucketedIndex:
         row_keys[slots[kept]], row_marks[slots[kept]] = keys[kept], marks[kept]
         shape = (self.num_buckets, self.width)
         self.keys.assign(row_keys.reshape(shape))
-        self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))
-        if self.counts is not None:
-            row_counts = np.zeros(self.capacity, np.int32)
+        if self.packed:
+            row_counts = np.zeros(self.capacity, np.int64)
             row_counts[slots[kept]] = 0 if counts is None else np.minimum(counts[kept], _COUNT_MAX)
-            self.counts.assign(row_counts)
+            self.marks.assign(np.where(row_marks >= 0, row_counts * (1 << 32) + row_marks + 1, 0))
+        else:
+            self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))
 
 
 def _position(match: tf.Tensor) -> tf.Tensor:

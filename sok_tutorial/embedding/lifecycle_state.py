@@ -111,12 +111,13 @@ class LifecycleState(LifecycleOps):
 
     def row_marks(self, rows: np.ndarray) -> np.ndarray:
         """The clock of each row's last training lookup (or write)."""
-        marks = self.buckets.marks if self.options.evicts else self.row_seen
-        return self._read(marks)[rows].astype(np.int64)
+        if self.options.evicts:
+            return self.buckets.marks_np(self._read(self.buckets.marks)[rows])
+        return self._read(self.row_seen)[rows].astype(np.int64)
 
     def row_counts(self, rows: np.ndarray) -> np.ndarray:
         """``"lfu"``: each row's count, as stored (decayed as of its last touch)."""
-        return self._read(self.buckets.counts)[rows]
+        return self.buckets.counts_np(self._read(self.buckets.marks)[rows])
 
     def changed_since(self, since: int, rows_in_use: int) -> np.ndarray:
         """Rows whose vectors a training lookup (or `write`) touched after clock `since` (found from

@@ -66,7 +66,7 @@ class Reference:
 
 def held(table: EmbeddingTable) -> dict[int, int]:
     """key -> slot of every occupied slot (expired keys included)."""
-    marks, keys = table.buckets.marks.numpy().reshape(-1), table.buckets.keys.numpy().reshape(-1)
+    marks, keys = table.buckets.marks_np(), table.buckets.keys.numpy().reshape(-1)
     return {int(keys[s]): int(s) for s in np.flatnonzero(marks >= 0)}
 
 
@@ -94,6 +94,9 @@ def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity,
         step(tf.constant(batch))
         ref.step(batch)
         assert held(table) == ref.held()
+        if policy == "lfu":  # the counts stored beside the marks, as the reference keeps them
+            rows = np.array(sorted(ref.held().values()), np.int64)
+            assert table.state.row_counts(rows).tolist() == [ref.counts[s] for s in rows]
     assert len(ref.evicted) > 100  # the stream really forced evictions
     np.testing.assert_array_equal(lifecycle.evicted_since(table, 0)[:len(ref.evicted)], ref.evicted)
     assert table.unplaced == ref.unplaced
