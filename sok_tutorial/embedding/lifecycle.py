@@ -180,6 +180,21 @@ class Lifecycle:
         """The ttl in units of the table's clock (steps, or ms with ``ttl_seconds``)."""
         return int(self.ttl_seconds * 1000) if self.wall_clock else int(self.ttl)
 
+    def state_bytes(self, capacity: int) -> int:
+        """Bytes of the lifecycle variables of one table (or shard) of `capacity` rows (`rows`, whole
+        buckets with a policy), the bucketed index included; 0 for a table without lifecycle state.
+        The planner prices a table with these (`sok_tutorial.embedding.planner`)."""
+        if not self.active:
+            return 0
+        out = 8  # the clock
+        if self.evicts:  # bucketed index, row_fresh; unplaced; the eviction log and its two counters
+            out += capacity * (self.bucketed_index(capacity).bytes_per_row + 1) + 8 + 16 * self.eviction_log + 16
+        elif self.track_changes:
+            out += 8 * capacity  # row_seen
+        if self.min_count > 1:
+            out += 4 * self.sketch_depth * self.sketch_width + 8  # the sketch and its count since halving
+        return out
+
     def config(self) -> dict[str, Any]:
         return {"eviction_policy": self.eviction_policy, "ttl": self.ttl, "ttl_seconds": self.ttl_seconds,
                 "lfu_halflife": self.lfu_halflife, "bucket_capacity": self.bucket_capacity,

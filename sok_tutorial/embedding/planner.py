@@ -19,7 +19,9 @@ The cost model, per replica and training step, with N replicas and K = ids per r
 * **bytes held**: exactly the variables the layer creates (`replica_bytes` measures the same):
   rows x width x the storage type, the optimizer's slots (Adam 2 floats per element, Adagrad and
   FTRL 1 or 2, row-wise Adagrad 1 per row), and for an indexed table its key index
-  (``index.num_slots(rows)`` + rows int64s, plus a slot id per row table-wise);
+  (``index.num_slots(rows)`` + rows int64s, plus a slot id per row table-wise); a table that
+  forgets (`TableSpec.lifecycle`) adds its lifecycle state, whose bucketed index replaces that
+  key index (`sok_tutorial.embedding.lifecycle.Lifecycle.state_bytes`);
 * **bytes exchanged**: `placement.exchange_bytes`, counted from the collectives the layers issue;
 * **bytes touched**: the rows a replica gathers and updates (read and write of the row and its
   slots): K rows for row- and table-wise shards, N x K for a replicated table (it applies the
@@ -49,11 +51,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernels import checks
+from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.index import num_slots
 from sok_tutorial.embedding.layouts import SHARDINGS, layout_of
 
@@ -90,6 +93,10 @@ class TableSpec:
         optimizer: ``"sgd"``, ``"adam"``, ``"lazyadam"``, ``"adagrad"``, ``"rowwise_adagrad"``, ``"ftrl"``.
         dynamic: keys are any int64 (a key index per replica) rather than row ids.
         slot_sizes: rows of each slot, for table-wise placement (one slot of `rows` if None).
+        lifecycle: the table's eviction, admission and tracking options, as the layer takes them
+            (``{"eviction_policy": "lru"}``, ``{"min_count": 2}``...; `sok_tutorial.embedding.lifecycle`):
+            priced with their state (a table with a policy has the bucketed index instead of the
+            open-addressing one, and its capacity is whole buckets), and passed on by `layer_kwargs`.
     """
 
     name: str
@@ -99,6 +106,7 @@ class TableSpec:
     optimizer: str = "adam"
     dynamic: bool = False
     slot_sizes: tuple[int, ...] | None = None
+    lifecycle: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         checks.positive_int(f"{self.name}: rows", self.rows)
@@ -114,6 +122,19 @@ class TableSpec:
                     or sum(sizes) != self.rows:
                 raise ValueError(f"{self.name}: slot_sizes={self.slot_sizes!r} is invalid: expected positive row "
                                  f"counts adding up to rows={self.rows}")
+        if self.lifecycle is not None:
+            unknown = sorted(set(self.lifecycle) - set(lifecycle.OPTIONS)) if isinstance(self.lifecycle, Mapping) \
+                else None
+            if unknown is None or unknown:
+                raise ValueError(f"{self.name}: lifecycle={self.lifecycle!r} is invalid: expected a dict of the "
+                                 f"table's options ({', '.join(lifecycle.OPTIONS)})")
+            self.life(self.rows)  # the options' own checks, before any plan is made
+
+    def life(self, capacity: int) -> lifecycle.Lifecycle | None:
+        """The lifecycle of one replica's table of `capacity` rows (None without `lifecycle`)."""
+        if not self.lifecycle:
+            return None
+        return lifecycle.Lifecycle.create(self.name, capacity, self.dynamic, **self.lifecycle)
 
 
 @dataclass
@@ -130,12 +151,13 @@ class Placement:
     touched_bytes: int  # read and written per replica and step
     seconds: float = field(default=0.0)  # estimated step cost
     column_shards: int | None = None  # the grid's column groups, for sharding="row_column"
+    lifecycle: Mapping[str, Any] = field(default_factory=dict)  # the table's lifecycle options (`TableSpec`)
 
     def layer_kwargs(self) -> dict[str, Any]:
         """Arguments for the table's layer (`DistributedEmbedding` and the other SOK layers)."""
         grid = {"column_shards": self.column_shards} if self.sharding == "row_column" else {}
         return {"max_vocabulary_size_per_gpu": self.rows_per_replica, "sharding": self.sharding,
-                "storage_dtype": self.storage_dtype, **grid}
+                "storage_dtype": self.storage_dtype, **grid, **self.lifecycle}
 
 
 class Plan:
@@ -181,11 +203,16 @@ class Plan:
         return "\n".join(lines)
 
 
-def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: bool, table_wise: bool = False) -> int:
-    """Bytes of the variables a table of `rows` x `width` creates on one replica (with its slots)."""
+def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: bool, table_wise: bool = False,
+                life: lifecycle.Lifecycle | None = None) -> int:
+    """Bytes of the variables a table of `rows` x `width` creates on one replica (with its slots and,
+    with `life`, its lifecycle state; a table with a policy keeps its keys in that state's bucketed
+    index, not in the open-addressing one)."""
     per_element, per_row = slot_floats(optimizer)
     out = rows * width * (DTYPE_BYTES[dtype] + 4 * per_element) + rows * 4 * per_row
-    if indexed:  # slot_rows, row_keys, size
+    if life is not None:
+        out += life.state_bytes(rows)
+    if indexed and not (life is not None and life.evicts):  # slot_rows, row_keys, size
         out += num_slots(rows) * 8 + rows * 8 + 8
     if table_wise:  # row_slots
         out += rows * 8
@@ -204,14 +231,19 @@ def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_
     layout = layout_of(sharding, n, dim=spec.dim, column_shards=column_shards if sharding == "row_column" else None,
                        slot_sizes=spec.slot_sizes)
     rows, width, touched_rows = layout.rows_per_replica(spec.rows), layout.width(spec.dim), layout.touched_rows(keys)
+    life = spec.life(rows)
+    if life is not None and life.rows(rows) != rows:  # whole buckets, with a policy: the layer is given those
+        rows = life.rows(rows)
+        life = spec.life(rows)
     indexed, table_wise = spec.dynamic or layout.always_indexed(), layout.always_indexed()
     grid = layout.columns if sharding == "row_column" else None
     touched_rows = min(touched_rows, rows)  # a step updates each distinct row once
-    held = table_bytes(rows, width, dtype, spec.optimizer, indexed=indexed, table_wise=table_wise)
+    held = table_bytes(rows, width, dtype, spec.optimizer, indexed=indexed, table_wise=table_wise, life=life)
     moved = layout.exchange_bytes(keys, spec.dim)
     touched = touched_rows * 2 * (width * (DTYPE_BYTES[dtype] + 4 * per_element) + 4 * per_row)
     seconds = moved / (link_gbps * 1e9) + touched / (memory_gbps * 1e9)
-    return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds, grid)
+    return Placement(spec.name, sharding, dtype, rows, width, held, moved, touched, seconds, grid,
+                     dict(spec.lifecycle or {}))
 
 
 def plan(tables: Sequence[TableSpec], num_replicas: int, memory_per_replica: int, *, global_batch: int,

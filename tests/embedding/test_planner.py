@@ -44,6 +44,44 @@ def test_estimated_bytes_are_the_bytes_a_built_layer_holds_per_replica(strategy_
     assert replica_bytes([layer], opt) == placement.bytes_per_replica
 
 
+@pytest.mark.parametrize("sharding,optimizer,options", [
+    ("replicated", "adam", {"eviction_policy": "lru"}),
+    ("row", "lazyadam", {"eviction_policy": "lfu", "min_count": 2}),
+    ("table", "sgd", {"eviction_policy": "ttl", "ttl": 5, "bucket_capacity": 16}),
+    ("column", "adam", {"track_changes": True}),
+    ("row_column", "rowwise_adagrad", {"eviction_policy": "ttl", "ttl_seconds": 60.0, "eviction_log": 100}),
+    ("row", "sgd", {"min_count": 3, "sketch_width": 100}),
+])
+def test_a_forgetting_table_s_estimated_bytes_are_the_bytes_its_layer_holds(strategy_of, sharding, optimizer,
+                                                                            options):
+    n, slot_sizes = 4 if sharding == "row_column" else 2, (700, 300, 250, 50)
+    if sharding == "row_column":
+        optimizer, slot_sizes = "adam", None  # (row-wise Adagrad's accumulator cannot be split by columns)
+    spec = TableSpec("t", rows=1300, dim=11, ids_per_sample=4, optimizer=optimizer, dynamic=True,
+                     slot_sizes=slot_sizes, lifecycle=options)
+    placement = price(spec, sharding, "float32", n, global_batch=64)
+    with strategy_of(n).scope():
+        layer = DistributedEmbedding("sum", embedding_vec_size=11, slot_num=len(slot_sizes or [1]), max_nnz=1,
+                                     use_hashtable=True, slot_sizes=list(slot_sizes) if slot_sizes else None,
+                                     name="t", **placement.layer_kwargs())
+        layer.build()
+        opt = OPTIMIZERS[optimizer]()
+        opt.build(layer.trainable_variables)
+    assert replica_bytes([layer], opt) == placement.bytes_per_replica
+    if "eviction_policy" in options:  # whole buckets, and no open-addressing index beside the bucketed one
+        assert placement.rows_per_replica % options.get("bucket_capacity", 8) == 0
+        assert not any("slot_rows" in w.path for w in layer.weights)
+
+
+def test_a_spec_s_lifecycle_options_are_checked_when_it_is_made():
+    with pytest.raises(ValueError, match="lifecycle=.*expected a dict of the table's options"):
+        TableSpec("t", rows=100, dim=4, dynamic=True, lifecycle={"evict": "lru"})
+    with pytest.raises(ValueError, match="need a dynamic table"):
+        TableSpec("t", rows=100, dim=4, lifecycle={"eviction_policy": "lru"})
+    with pytest.raises(ValueError, match="eviction_policy"):
+        TableSpec("t", rows=100, dim=4, dynamic=True, lifecycle={"eviction_policy": "fifo"})
+
+
 @pytest.mark.parametrize("dtype,optimizer,dynamic", [("float32", "adam", True), ("bfloat16", "lazyadam", False)])
 def test_a_grid_s_estimated_bytes_are_the_bytes_its_layer_holds(strategy_of, dtype, optimizer, dynamic):
     spec = TableSpec("t", rows=1001, dim=11, ids_per_sample=4, optimizer=optimizer, dynamic=dynamic)
