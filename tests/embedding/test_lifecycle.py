@@ -135,6 +135,25 @@ def test_evicted_rows_start_from_their_new_keys_initial_vectors_and_are_marked_f
     assert not table.fresh_rows(tf.range(4, dtype=tf.int64)).numpy().any()  # taking the marks cleared them
 
 
+def test_optimizer_slots_written_with_a_key_are_its_state_not_restarted_at_the_next_update():
+    import sok_tutorial as sok
+
+    table = EmbeddingTable(4, 2, eviction_policy="lru", bucket_capacity=4)
+    opt = sok.optimizers.Adagrad(0.1, initial_accumulator_value=0.0)
+    table(tf.constant([1, 2, 3, 4], tf.int64), training=True)
+    opt.build([table.variable])
+    table(tf.constant([1, 2, 3, 4], tf.int64), training=True)  # (a new step: 1 is no longer in use)
+    vectors, accumulators = np.ones((1, 2), np.float32), np.full((1, 2), 4.0, np.float32)
+    table.write([10], {"vectors": vectors, "slot_0": accumulators}, opt)  # evicts 1; 10 brings its slots
+    row = table_map(table)[10]
+    assert table.export(opt)["slot_0"][table.export(opt)["keys"] == 10].tolist() == accumulators.tolist()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(table(tf.constant([10], tf.int64), training=True))
+    opt.apply(tape.gradient(loss, [table.variable]), [table.variable])
+    # Adagrad from the written accumulator (4 + 1), not from a restarted one (0 + 1)
+    np.testing.assert_allclose(table.variable.numpy()[row], 1 - 0.1 / np.sqrt(5.0), rtol=1e-5)
+
+
 def test_keys_in_use_this_step_are_never_evicted():
     table = EmbeddingTable(8, 2, eviction_policy="lru")  # one bucket
     table(tf.constant(np.arange(8), tf.int64), training=True)
