@@ -84,19 +84,26 @@ class LifecycleOps:
     def admit(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor) -> tf.Tensor:
         """Which of the new distinct `keys` get a row now (counting them first).
 
-        The count-min sketch halves every ``SKETCH_SAMPLE * capacity`` counts (one pass over the
-        sketch, amortized over that many counts), so what was seen long ago fades."""
+        Keys are counted in a count-min sketch with conservative update: a key's estimate is the
+        least of its cells plus its occurrences in this step, and only its cells below that rise to
+        it (one scatter of about one cell per key instead of ``sketch_depth``; the estimate still
+        never falls below the key's true count). The sketch halves every ``SKETCH_SAMPLE *
+        capacity`` counts (one pass over the sketch, amortized over that many counts), so what was
+        seen long ago fades."""
         life = self.options
         ok = tf.ones(tf.shape(keys), tf.bool)
         if life.min_count > 1:
             cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
-            add = tf.tile(tf.cast(counts, tf.int32)[None], [life.sketch_depth, 1])
             sketch = tf_variable(self.sketch)
-            counted = sketch.scatter_add(tf.IndexedSlices(tf.reshape(add, [-1]), tf.reshape(cells, [-1])))
-            with tf.control_dependencies([counted]):
-                seen = tf.reduce_min(read_rows(sketch, cells), axis=0)
+            values = read_rows(sketch, cells)
+            seen = tf.reduce_min(values, axis=0) + tf.cast(counts, tf.int32)  # this step's sightings included
+            # conservative update: only the cells below a key's new estimate rise, to it (a cell at the
+            # minimum, usually one of the depth), so a key's estimate never falls below its count
+            low = values < seen[None]
+            counted = sketch.scatter_max(tf.IndexedSlices(tf.boolean_mask(tf.broadcast_to(seen[None], tf.shape(cells)),
+                                                                          low), tf.boolean_mask(cells, low)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
-            with tf.control_dependencies([seen]):
+            with tf.control_dependencies([counted]):
                 halve = added >= SKETCH_SAMPLE * self.capacity
                 halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
             with tf.control_dependencies([halved]):

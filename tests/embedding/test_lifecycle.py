@@ -203,6 +203,28 @@ def test_admission_gives_a_row_only_after_min_count_sightings():
     assert grad.indices.numpy().tolist() == row  # the unadmitted key has no gradient row
 
 
+def test_a_key_is_admitted_by_the_step_its_count_reaches_min_count_however_crowded_the_sketch():
+    """The sketch's estimate never falls below a key's count, also when many keys of one step share
+    its cells (a sketch of 3 x 16 counters for 300 keys; 10 x capacity counts never pass here, so
+    it never halves)."""
+    from collections import Counter
+
+    from sok_tutorial.embedding.lifecycle_ops import _cells
+
+    rng, counted = np.random.default_rng(3), Counter()
+    table = EmbeddingTable(100_000, 2, min_count=4, sketch_depth=3, sketch_width=16)
+    step = tf.function(lambda keys: table(keys, training=True))
+    for _ in range(30):
+        batch = rng.integers(0, 300, 50)
+        step(tf.constant(batch, tf.int64))
+        counted.update(batch.tolist())
+        held = set(table.export()["keys"].tolist())
+        assert {k for k, c in counted.items() if c >= 4} <= held
+        waiting = np.array(sorted(set(counted) - held), np.int64)  # still counted in the sketch
+        estimate = table.state.sketch.numpy()[_cells(tf.constant(waiting), 3, 16).numpy()].min(axis=0)
+        assert (estimate >= [counted[k] for k in waiting]).all()
+
+
 def test_admission_probability_is_repeatable_and_about_right():
     sizes = []
     for _ in range(2):
