@@ -19,8 +19,9 @@ starts from the key's initial vector, and its optimizer slots afresh at their ne
 Admission (``min_count``, ``admit_probability``): a new key gets a row only once it has been seen
 `min_count` times, counted in a count-min sketch with conservative update, ``sketch_depth x
 sketch_width`` int32 counters (bounded; it never holds keys; halved every ten counts per row of
-capacity); until then it embeds to zeros, gets no row, and no optimizer state. ``admit_probability`` admits each new
-key in a step with that probability (decided by a hash of the key and the step, so runs repeat).
+capacity); until then it embeds to zeros, gets no row, and no optimizer state.
+``admit_probability`` admits each new key in a step with that probability (decided by a hash of
+the key and the step, so runs repeat).
 
 Change tracking (on whenever a policy is set, or with ``track_changes=True``): each row keeps
 the clock of its last training lookup, and evicted keys go to a ring buffer (``eviction_log``
