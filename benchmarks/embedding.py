@@ -57,9 +57,15 @@ Group ``keras_rs`` (``benchmarks/_keras_rs.py``): 26 features, batch 8192, table
 (Keras' Adam, dense); samples/s and the ratio (goals: 3x at 100k rows, 10x at 400k);
 ``embedding_keras_rs.json``.
 
+Group ``hugepages``: four cases above (static SGD and LazyAdam on the torchrec_shape workload,
+the roomy and the full LRU table of the eviction group), each run as is and with glibc's
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (large allocations advised for transparent 2 MB pages,
+where the kernel's THP setting is ``madvise``), interleaved; samples/s, the ratio, and the MiB of
+the process on huge pages at the end of each run; ``embedding_hugepages.json``.
+
     python benchmarks/embedding.py [--quick]
                                    [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
-                                            |keras_rs|dlrm]
+                                            |keras_rs|dlrm|hugepages]
                                    [--steps N] [--repeat 3] [--out build/bench]
 """
 from __future__ import annotations
@@ -82,7 +88,11 @@ SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
 TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm")  # _tables.train says what each is
-GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm")
+GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm",
+          "hugepages")
+HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on large blocks
+HUGE_PAGE_CASES = {"torchrec_shape:static:sgd": "samples_per_s", "torchrec_shape:static:lazyadam": "samples_per_s",
+                   "eviction:roomy": "samples_per_s_amortized", "eviction:lru_full": "samples_per_s_amortized"}
 
 
 draw_keys = _bench.draw_keys
@@ -192,7 +202,19 @@ def child(argv: list[str]) -> None:
         result = _keras_rs.train(case.split(":")[1], rows, steps)
     else:
         result = gather_ceiling(rows, keys) if case == "ceiling" else run_case(case, rows, steps, keys)
+    if isinstance(result, dict):
+        result["anon_huge_mib"] = huge_page_mib()
     print("RESULT " + json.dumps(result))
+
+
+def huge_page_mib() -> float | None:
+    """MiB of this process's memory on transparent huge pages now (None where the kernel does not say)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            line = next((ln for ln in f if ln.startswith("AnonHugePages:")), None)
+    except OSError:
+        return None
+    return None if line is None else round(int(line.split()[1]) / 1024, 1)
 
 
 PEER_CASES = {"torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused sgd": "torchrec_fused_sgd",
@@ -256,9 +278,9 @@ def main() -> None:
     args = parser.parse_args()
     groups = list(GROUPS) if args.group == "all" else [args.group]
 
-    def run(case: str, rows: int, steps: int, keys: str) -> dict | float:
+    def run(case: str, rows: int, steps: int, keys: str, env: dict[str, str] | None = None) -> dict | float:
         out = subprocess.run([sys.executable, __file__, "--child", case, str(rows), str(steps), keys],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, env={**os.environ, **env} if env else None)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not line:
             raise RuntimeError(f"{case} at {rows} rows failed:\n{out.stderr[-3000:]}")
@@ -316,6 +338,32 @@ def main() -> None:
         keras_rs(args, run)
     if "dlrm" in groups:
         dlrm(args, run)
+    if "hugepages" in groups:
+        hugepages(args, run)
+
+
+def hugepages(args: Any, run: Any) -> None:
+    """The hugepages group: the same cases with and without glibc's huge-page advice, interleaved."""
+    results: dict[tuple[str, bool], list[dict]] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for case in HUGE_PAGE_CASES:
+            steps = (8 if args.quick else _tables.STEPS) if case.startswith("torchrec") else \
+                (12 if args.quick else _eviction.STEPS)
+            for huge in (False, True):
+                results.setdefault((case, huge), []).append(run(case, 0, steps, "", HUGE_PAGES if huge else None))
+    rows = []
+    for case, key in HUGE_PAGE_CASES.items():
+        plain, huge = (_bench.median([r[key] for r in results[(case, h)]]) for h in (False, True))
+        rows.append({"case": case, "samples_per_s": round(plain), "huge_pages_samples_per_s": round(huge),
+                     "ratio": round(huge / plain, 3),
+                     "huge_page_mib": _bench.median([r["anon_huge_mib"] or 0 for r in results[(case, True)]]),
+                     "huge_page_mib_plain": _bench.median([r["anon_huge_mib"] or 0 for r in results[(case, False)]])})
+    try:
+        thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
+    except OSError:
+        thp = "unknown"
+    _bench.report("embedding_hugepages", rows, args.out,
+                  notes={"setting": " ".join(f"{k}={v}" for k, v in HUGE_PAGES.items()), "thp": thp})
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
