@@ -66,7 +66,7 @@ the process on huge pages at the end of each run; ``embedding_hugepages.json``.
     python benchmarks/embedding.py [--quick]
                                    [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
                                             |keras_rs|dlrm|hugepages]
-                                   [--steps N] [--repeat 3] [--out build/bench]
+                                   [--steps N] [--repeat 3] [--out build/bench] [--hugepages]
 """
 from __future__ import annotations
 
@@ -224,11 +224,13 @@ PEER_CASES = {"torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused sg
               "plain: 26x nn.EmbeddingBag(sparse=True) + sparseadam": "pytorch_sparseadam"}
 
 
-def run_peer(python: str, peers: str) -> dict[str, float]:
-    """TorchRec's fused CPU kernels and plain PyTorch on the same workload: {case: samples/s}."""
+def run_peer(python: str, peers: str, huge_pages: bool = False) -> dict[str, float]:
+    """TorchRec's fused CPU kernels and plain PyTorch on the same workload: {case: samples/s}
+    (`huge_pages`: with PyTorch's own switch for huge pages in its CPU allocator, and glibc's)."""
     script = Path(peers) / "bench_torchrec.py"
+    env = {**os.environ, **HUGE_PAGES, "THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else None
     out = subprocess.run([python, str(script), "fused_sgd", "fused_adagrad", "fused_rowwise_adagrad", "plain"],
-                         capture_output=True, text=True, cwd=str(script.parent))
+                         capture_output=True, text=True, cwd=str(script.parent), env=env)
     results = {}
     for line in out.stdout.splitlines():
         if line.startswith("{") and '"median_sps"' in line:
@@ -275,10 +277,14 @@ def main() -> None:
     parser.add_argument("--torchrec", default=None, help="python of a TorchRec virtualenv (runs the peer too)")
     parser.add_argument("--peers", default=str(_HERE.parent.parent / "shared" / "peers"),
                         help="folder holding bench_torchrec.py")
+    parser.add_argument("--hugepages", action="store_true",
+                        help="every case with glibc's huge-page advice (HUGE_PAGES), and TorchRec with PyTorch's "
+                             "THP_MEM_ALLOC_ENABLE=1 (write to another --out to keep the default run's JSON)")
     args = parser.parse_args()
     groups = list(GROUPS) if args.group == "all" else [args.group]
 
     def run(case: str, rows: int, steps: int, keys: str, env: dict[str, str] | None = None) -> dict | float:
+        env = {**(HUGE_PAGES if args.hugepages else {}), **(env or {})}
         out = subprocess.run([sys.executable, __file__, "--child", case, str(rows), str(steps), keys],
                              capture_output=True, text=True, env={**os.environ, **env} if env else None)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -299,9 +305,10 @@ def main() -> None:
             for case in cases:
                 results.setdefault(case, []).append(run(case, 0, steps, ""))
             if args.torchrec and "torchrec_shape" in groups:
-                for name, sps in run_peer(args.torchrec, args.peers).items():
+                for name, sps in run_peer(args.torchrec, args.peers, args.hugepages).items():
                     peers.setdefault(name, []).append(sps)
-        rows, notes = [], {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " ")}
+        rows, notes = [], {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " "),
+                           "huge_pages": bool(args.hugepages)}
         if "torchrec_shape" in groups:
             profiles = {f"{kind}_{o}": run(f"torchrec_shape:{kind}:{o}:profile", 0, steps, "")["profile_ms"]
                         for o in ("sgd", "lazyadam") for kind in ("static", "dynamic")}
