@@ -346,7 +346,8 @@ def _child(code: str, tmp_path: Path) -> subprocess.Popen:
 
     def pump():
         for line in proc.stdout:
-            proc.lines.put(line.strip())
+            if line.endswith("\n"):  # a line the kill cut short ("saved" without its number) is not a report
+                proc.lines.put(line.strip())
         proc.lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
