@@ -284,7 +284,7 @@ def main() -> None:
     groups = list(GROUPS) if args.group == "all" else [args.group]
 
     def run(case: str, rows: int, steps: int, keys: str, env: dict[str, str] | None = None) -> dict | float:
-        env = {**(HUGE_PAGES if args.hugepages else {}), **(env or {})}
+        env = (HUGE_PAGES if args.hugepages else {}) if env is None else env  # (the hugepages group sets its own)
         out = subprocess.run([sys.executable, __file__, "--child", case, str(rows), str(steps), keys],
                              capture_output=True, text=True, env={**os.environ, **env} if env else None)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -354,10 +354,10 @@ def hugepages(args: Any, run: Any) -> None:
     results: dict[tuple[str, bool], list[dict]] = {}
     for _ in range(1 if args.quick else args.repeat):
         for case in HUGE_PAGE_CASES:
-            steps = (8 if args.quick else _tables.STEPS) if case.startswith("torchrec") else \
-                (12 if args.quick else _eviction.STEPS)
+            quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
             for huge in (False, True):
-                results.setdefault((case, huge), []).append(run(case, 0, steps, "", HUGE_PAGES if huge else None))
+                results.setdefault((case, huge), []).append(
+                    run(case, 0, quick if args.quick else full, "", HUGE_PAGES if huge else {}))
     rows = []
     for case, key in HUGE_PAGE_CASES.items():
         plain, huge = (_bench.median([r[key] for r in results[(case, h)]]) for h in (False, True))

@@ -123,9 +123,7 @@ class TableSpec:
                 raise ValueError(f"{self.name}: slot_sizes={self.slot_sizes!r} is invalid: expected positive row "
                                  f"counts adding up to rows={self.rows}")
         if self.lifecycle is not None:
-            unknown = sorted(set(self.lifecycle) - set(lifecycle.OPTIONS)) if isinstance(self.lifecycle, Mapping) \
-                else None
-            if unknown is None or unknown:
+            if not isinstance(self.lifecycle, Mapping) or set(self.lifecycle) - set(lifecycle.OPTIONS):
                 raise ValueError(f"{self.name}: lifecycle={self.lifecycle!r} is invalid: expected a dict of the "
                                  f"table's options ({', '.join(lifecycle.OPTIONS)})")
             self.life(self.rows)  # the options' own checks, before any plan is made
@@ -232,7 +230,7 @@ def price(spec: TableSpec, sharding: str, dtype: str, num_replicas: int, global_
                        slot_sizes=spec.slot_sizes)
     rows, width, touched_rows = layout.rows_per_replica(spec.rows), layout.width(spec.dim), layout.touched_rows(keys)
     life = spec.life(rows)
-    if life is not None and life.rows(rows) != rows:  # whole buckets, with a policy: the layer is given those
+    if life is not None:  # whole buckets, with a policy: the layer is given those
         rows = life.rows(rows)
         life = spec.life(rows)
     indexed, table_wise = spec.dynamic or layout.always_indexed(), layout.always_indexed()

@@ -183,5 +183,5 @@ class RowsByKey:
         for variable, value in zip(variables, values):
             variable.value.scatter_update(tf.IndexedSlices(tf.cast(tf.constant(value[placed]), variable.dtype),
                                                            rows[placed]))
-        if len(variables) > 1 and self.state.row_fresh is not None:  # the slots written are the rows' state:
-            self.fresh_rows(tf.constant(rows[placed]))  # take the marks, so no update restarts them
+        if len(variables) > 1:  # the slots written are the rows' state: take their fresh marks (a table that
+            self.fresh_rows(tf.constant(rows[placed]))  # evicts), so no update restarts them

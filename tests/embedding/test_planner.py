@@ -49,14 +49,12 @@ def test_estimated_bytes_are_the_bytes_a_built_layer_holds_per_replica(strategy_
     ("row", "lazyadam", {"eviction_policy": "lfu", "min_count": 2}),
     ("table", "sgd", {"eviction_policy": "ttl", "ttl": 5, "bucket_capacity": 16}),
     ("column", "adam", {"track_changes": True}),
-    ("row_column", "rowwise_adagrad", {"eviction_policy": "ttl", "ttl_seconds": 60.0, "eviction_log": 100}),
+    ("row_column", "adam", {"eviction_policy": "ttl", "ttl_seconds": 60.0, "eviction_log": 100}),
     ("row", "sgd", {"min_count": 3, "sketch_width": 100}),
 ])
 def test_a_forgetting_table_s_estimated_bytes_are_the_bytes_its_layer_holds(strategy_of, sharding, optimizer,
                                                                             options):
-    n, slot_sizes = 4 if sharding == "row_column" else 2, (700, 300, 250, 50)
-    if sharding == "row_column":
-        optimizer, slot_sizes = "adam", None  # (row-wise Adagrad's accumulator cannot be split by columns)
+    n, slot_sizes = (4, None) if sharding == "row_column" else (2, (700, 300, 250, 50))
     spec = TableSpec("t", rows=1300, dim=11, ids_per_sample=4, optimizer=optimizer, dynamic=True,
                      slot_sizes=slot_sizes, lifecycle=options)
     placement = price(spec, sharding, "float32", n, global_batch=64)
