@@ -27,9 +27,10 @@ tutorial: $(STAMP)
 
 # Tiers by marker (pyproject.toml): the fast tier leaves out `slow` and `multiprocess`. Tests run in
 # WORKERS processes (pytest-xdist), a file's tests in one of them: a module's fixtures (the worker
-# cluster of tests/distribute/test_model_parallel.py) are set up once.
+# cluster of tests/distribute/test_model_parallel.py) are set up once. Files go out in the order
+# tests/conftest.py sorts them (the notebook runs, the longest, first), not by their test counts.
 WORKERS ?= 2
-PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --durations=25
+PYTEST  := $(PY) -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test: $(STAMP)
 	$(PYTEST) -m "not slow and not multiprocess"

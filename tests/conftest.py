@@ -54,7 +54,21 @@ def strategy_of():
     return make
 
 
+def _first_by_length(item: pytest.Item) -> int:
+    """0 for a notebook run at a larger size, 1 for another notebook run, 2 for the rest."""
+    if "notebooks" not in item.keywords:
+        return 2
+    return 0 if "slow" in item.keywords else 1
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Notebook runs first (larger sizes first, each file's tests kept together), so the test
+    workers (`make test`: pytest-xdist, a file per worker in this order, ``--no-loadscope-reorder``)
+    start the longest files at once rather than one of them last; GPU tests are skipped without a GPU."""
+    rank: dict = {}
+    for item in items:
+        rank[item.path] = min(rank.get(item.path, 2), _first_by_length(item))
+    items.sort(key=lambda item: rank[item.path])  # stable: the order within each group is kept
     from kernels import backend
 
     if backend.GPU_AVAILABLE:
