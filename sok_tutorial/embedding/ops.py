@@ -100,6 +100,45 @@ def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) 
     return tf.boolean_mask(gathered, keep)
 
 
+def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> list[tf.IndexedSlices]:
+    """Every replica's rows of each of the sparse `gradients` (the rows of all replicas, in replica
+    order, as ``context.all_reduce`` of an ``IndexedSlices`` gives them), gathered together:
+    three all-gathers (the lengths, the rows, their indices) for all gradients of one row width
+    and dtype, where an all-reduce of each on its own takes a gather of its length and a branch
+    of padded gathers per gradient. With many replicated tables that is tens of collectives a
+    step fewer, and a smaller graph to trace and start. bfloat16 rows travel as float32 (exact):
+    TensorFlow's CPU collectives carry no bfloat16.
+
+    Example (one replica: each gradient comes back as it is):
+        >>> g = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([4, 1]), tf.constant([9, 3]))
+        >>> context = tf.distribute.get_replica_context()
+        >>> [s.indices.numpy().tolist() for s in all_gather_slices(context, [g, g])]
+        [[4, 1], [4, 1]]
+    """
+    replicas = context.num_replicas_in_sync
+    out: list[tf.IndexedSlices | None] = [None] * len(gradients)
+    groups: dict[tuple[Any, Any], list[int]] = {}
+    for i, g in enumerate(gradients):
+        groups.setdefault((g.values.dtype, tuple(g.values.shape[1:])), []).append(i)
+    for members in groups.values():
+        parts = [gradients[i] for i in members]
+        dtype = parts[0].values.dtype
+        carried = tf.float32 if dtype == tf.bfloat16 else dtype  # (CPU collectives carry no bfloat16; exact)
+        values = tf.cast(tf.concat([g.values for g in parts], 0), carried)
+        indices = tf.concat([tf.cast(g.indices, tf.int64) for g in parts], 0)
+        sizes = tf.stack([tf.shape(g.indices, out_type=tf.int64)[0] for g in parts])  # (k,)
+        every = tf.reshape(context.all_gather(sizes[None], 0), [-1])  # (replicas * k,): replica-major
+        per_replica = tf.reduce_sum(tf.reshape(every, [replicas, len(parts)]), 1)
+        pieces = (tf.split(all_gather(context, values, per_replica), every, num=replicas * len(parts)),
+                  tf.split(all_gather(context, indices, per_replica), every, num=replicas * len(parts)))
+        for j, (i, g) in enumerate(zip(members, parts)):
+            mine = range(j, replicas * len(parts), len(parts))  # gradient j of each replica
+            out[i] = tf.IndexedSlices(tf.cast(tf.concat([pieces[0][r] for r in mine], 0), dtype),
+                                      tf.cast(tf.concat([pieces[1][r] for r in mine], 0), g.indices.dtype),
+                                      g.dense_shape)
+    return out
+
+
 def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
                     pairs: tf.Tensor | None = None) -> tf.Tensor:
     """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``.

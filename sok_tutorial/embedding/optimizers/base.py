@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import precision
-from sok_tutorial.embedding.ops import UniqueRowsGradient, read_rows, sum_by_position
+from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, sum_by_position
 from sok_tutorial.embedding.table import table_of
 
 
@@ -355,11 +355,17 @@ class SparseOptimizer:
     def _all_reduce_sum_gradients(self, grads_and_vars: Any) -> list[tuple[Any, Any]]:
         """All-reduce every gradient but those of sharded tables: each replica's shard gradient
         is already the sum over replicas of its own rows (see `sok_tutorial.embedding.sharding`),
-        and `strategy.extended.update` hands each replica's gradient to its own shard."""
+        and `strategy.extended.update` hands each replica's gradient to its own shard. Sparse
+        gradients (replicated tables') are gathered all together (`all_gather_slices`), the dense
+        ones all-reduced by Keras."""
         pairs = list(grads_and_vars)
-        local = {i for i, (g, v) in enumerate(pairs) if g is not None and sharded(v)}
-        if not local or tf.distribute.get_replica_context() is None:
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
             return super()._all_reduce_sum_gradients(pairs)
-        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local]
+        local = {i for i, (g, v) in enumerate(pairs) if g is not None and sharded(v)}
+        gathered = [i for i, (g, _) in enumerate(pairs) if i not in local and isinstance(g, tf.IndexedSlices)]
+        done = dict(zip(gathered, all_gather_slices(context, [pairs[i][0] for i in gathered]))) if gathered else {}
+        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local and i not in done]
         reduced = iter(super()._all_reduce_sum_gradients(rest) if any(g is not None for g, _ in rest) else rest)
-        return [pairs[i] if i in local else next(reduced) for i in range(len(pairs))]
+        return [pairs[i] if i in local else (done[i], pairs[i][1]) if i in done else next(reduced)
+                for i in range(len(pairs))]

@@ -1,0 +1,94 @@
+"""The sparse gradients of replicated tables are gathered together (`all_gather_slices`): the rows
+TensorFlow's own all-reduce of each gradient gives, in three collectives per row width and dtype."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sok_tutorial.embedding.ops import all_gather_slices
+
+
+def _gradients(replica: tf.Tensor, low: tf.DType = tf.float16) -> list[tf.IndexedSlices]:
+    """Three gradients of replica-dependent lengths (one of them empty on replica 0): two of width 3
+    in float32 with int64 and int32 indices, one of width 2 in the `low` precision."""
+    r = tf.cast(replica, tf.int64)
+
+    def slices(n: tf.Tensor, width: int, dtype: tf.DType, index_dtype: tf.DType, rows: int) -> tf.IndexedSlices:
+        at = tf.range(n)
+        values = tf.cast(r * 100 + at, tf.float32)[:, None] * tf.range(1.0, width + 1.0)[None]
+        indices = tf.cast((r * 7 + at * 3) % rows, index_dtype)
+        return tf.IndexedSlices(tf.cast(values, dtype), indices, tf.constant([rows, width], tf.int64))
+
+    return [slices(r + 1, 3, tf.float32, tf.int64, 50), slices(2 * r, 3, tf.float32, tf.int32, 40),
+            slices(tf.constant(1, tf.int64), 2, low, tf.int64, 30)]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_gathered_gradients_are_the_rows_tensorflows_all_reduce_gives(strategy_of, replicas):
+    strategy = strategy_of(replicas)
+
+    @tf.function
+    def both():
+        def each():
+            context = tf.distribute.get_replica_context()
+            gradients = _gradients(context.replica_id_in_sync_group)
+            ours = all_gather_slices(context, gradients)
+            theirs = context.all_reduce("SUM", gradients)
+            return [(o.values, o.indices, t.values, t.indices) for o, t in zip(ours, theirs)]
+        return strategy.run(each)
+
+    results = both()
+    for k, expected_rows in enumerate([sum(r + 1 for r in range(replicas)), sum(2 * r for r in range(replicas)),
+                                       replicas]):
+        for ours_v, ours_i, theirs_v, theirs_i in zip(*(strategy.experimental_local_results(results[k][j])
+                                                        for j in range(4))):
+            assert ours_v.shape[0] == expected_rows and ours_i.dtype == theirs_i.dtype
+            assert ours_v.dtype == theirs_v.dtype
+            np.testing.assert_array_equal(ours_i.numpy(), theirs_i.numpy())
+            np.testing.assert_array_equal(tf.cast(ours_v, tf.float32).numpy(), tf.cast(theirs_v, tf.float32).numpy())
+
+
+def _collectives(graph: tf.Graph) -> int:
+    ops = [op.type for op in graph.get_operations()]
+    for function in graph._functions.values():  # branches and loop bodies
+        ops += [node.op for node in function.definition.node_def]
+    return sum(op.startswith("Collective") for op in ops)
+
+
+def test_the_collectives_do_not_grow_with_the_number_of_gradients(strategy_of):
+    strategy = strategy_of(2)
+
+    def collectives(gather, copies: int) -> int:
+        def each():
+            context = tf.distribute.get_replica_context()
+            gradients = _gradients(context.replica_id_in_sync_group) * copies  # two row widths and dtypes
+            return [g.values for g in gather(context, gradients)]
+        return _collectives(tf.function(lambda: strategy.run(each)).get_concrete_function().graph)
+
+    def each_on_its_own(context, gradients):
+        return context.all_reduce("SUM", gradients)
+
+    ours = [collectives(all_gather_slices, copies) for copies in (1, 3)]
+    theirs = [collectives(each_on_its_own, copies) for copies in (1, 3)]
+    assert ours[0] == ours[1] < theirs[0] < theirs[1]
+
+
+def test_bfloat16_gradients_are_gathered_exactly(strategy_of):
+    """TensorFlow's collectives on CPU carry no bfloat16 (its own all-reduce of such a gradient
+    fails); the gather carries them as float32, which holds every bfloat16 exactly."""
+    strategy = strategy_of(2)
+
+    @tf.function
+    def gathered():
+        def each():
+            context = tf.distribute.get_replica_context()
+            low, wide = (all_gather_slices(context, _gradients(context.replica_id_in_sync_group, dtype))[2]
+                         for dtype in (tf.bfloat16, tf.float32))
+            return low.values, tf.cast(wide.values, tf.bfloat16), low.indices, wide.indices
+        return strategy.run(each)
+
+    low, wide, low_at, wide_at = (strategy.experimental_local_results(t)[1] for t in gathered())
+    assert low.dtype == tf.bfloat16 and low.shape[0] == 2
+    np.testing.assert_array_equal(low.numpy(), wide.numpy())
+    np.testing.assert_array_equal(low_at.numpy(), wide_at.numpy())
