@@ -117,9 +117,10 @@ def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> li
     """
     replicas = context.num_replicas_in_sync
     out: list[tf.IndexedSlices | None] = [None] * len(gradients)
-    groups: dict[tuple[Any, Any], list[int]] = {}
+    groups: dict[Any, list[int]] = {}
     for i, g in enumerate(gradients):
-        groups.setdefault((g.values.dtype, tuple(g.values.shape[1:])), []).append(i)
+        row = g.values.shape[1:]  # (a row shape not known while tracing is gathered on its own)
+        groups.setdefault((g.values.dtype, tuple(row)) if row.is_fully_defined() else i, []).append(i)
     for members in groups.values():
         parts = [gradients[i] for i in members]
         dtype = parts[0].values.dtype
