@@ -1,5 +1,5 @@
 """The sparse gradients of replicated tables are gathered together (`all_gather_slices`): the rows
-TensorFlow's own all-reduce of each gradient gives, in three collectives per row width and dtype."""
+TensorFlow's own all-reduce of each gradient gives, in three all-gathers per row width and dtype."""
 from __future__ import annotations
 
 import numpy as np
