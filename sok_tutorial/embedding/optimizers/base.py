@@ -362,10 +362,13 @@ class SparseOptimizer:
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return super()._all_reduce_sum_gradients(pairs)
-        local = {i for i, (g, v) in enumerate(pairs) if g is not None and sharded(v)}
-        gathered = [i for i, (g, _) in enumerate(pairs) if i not in local and isinstance(g, tf.IndexedSlices)]
-        done = dict(zip(gathered, all_gather_slices(context, [pairs[i][0] for i in gathered]))) if gathered else {}
-        rest = [(g, v) for i, (g, v) in enumerate(pairs) if i not in local and i not in done]
-        reduced = iter(super()._all_reduce_sum_gradients(rest) if any(g is not None for g, _ in rest) else rest)
-        return [pairs[i] if i in local else (done[i], pairs[i][1]) if i in done else next(reduced)
-                for i in range(len(pairs))]
+        out = list(pairs)  # a sharded table's pair stays as it is
+        kept = [i for i, (g, v) in enumerate(pairs) if not (g is not None and sharded(v))]
+        sparse = [i for i in kept if isinstance(pairs[i][0], tf.IndexedSlices)]
+        for i, g in zip(sparse, all_gather_slices(context, [pairs[i][0] for i in sparse])):
+            out[i] = (g, pairs[i][1])
+        dense = [i for i in kept if i not in sparse]
+        if any(pairs[i][0] is not None for i in dense):
+            for i, pair in zip(dense, super()._all_reduce_sum_gradients([pairs[i] for i in dense])):
+                out[i] = pair
+        return out
