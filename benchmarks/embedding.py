@@ -58,10 +58,12 @@ Group ``keras_rs`` (``benchmarks/_keras_rs.py``): 26 features, batch 8192, table
 ``embedding_keras_rs.json``.
 
 Group ``hugepages``: four cases above (static SGD and LazyAdam on the torchrec_shape workload,
-the roomy and the full LRU table of the eviction group), each run as is and with glibc's
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (large allocations advised for transparent 2 MB pages,
-where the kernel's THP setting is ``madvise``), interleaved; samples/s, the ratio, and the MiB of
-the process on huge pages at the end of each run; ``embedding_hugepages.json``.
+the roomy and the full LRU table of the eviction group), each run three ways, interleaved: with
+the tables' own huge pages off (``SOK_TUTORIAL_HUGE_PAGES=0``), as installed (the library puts
+its variables of 64 MiB or more on transparent 2 MB pages, `sok_tutorial.embedding.huge_pages`),
+and with glibc's ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` besides (every large allocation
+advised, temporaries included); samples/s, the ratios to "off", and the MiB of the process on
+huge pages at the end of each run; ``embedding_hugepages.json``.
 
     python benchmarks/embedding.py [--quick]
                                    [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
@@ -91,6 +93,8 @@ TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm")  # _table
 GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm",
           "hugepages")
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on large blocks
+# the hugepages group's settings: the tables' own advice off, as installed (on), and glibc's on every large block too
+HUGE_PAGE_SETTINGS = {"off": {"SOK_TUTORIAL_HUGE_PAGES": "0"}, "tables": {}, "glibc": HUGE_PAGES}
 HUGE_PAGE_CASES = {"torchrec_shape:static:sgd": "samples_per_s", "torchrec_shape:static:lazyadam": "samples_per_s",
                    "eviction:roomy": "samples_per_s_amortized", "eviction:lru_full": "samples_per_s_amortized"}
 
@@ -350,27 +354,30 @@ def main() -> None:
 
 
 def hugepages(args: Any, run: Any) -> None:
-    """The hugepages group: the same cases with and without glibc's huge-page advice, interleaved."""
-    results: dict[tuple[str, bool], list[dict]] = {}
+    """The hugepages group: the same cases with the tables' huge pages off, as they come (the
+    library advises its large variables, `sok_tutorial.embedding.huge_pages`) and with glibc's
+    advice on every large allocation besides, interleaved."""
+    results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(1 if args.quick else args.repeat):
         for case in HUGE_PAGE_CASES:
             quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
-            for huge in (False, True):
-                results.setdefault((case, huge), []).append(
-                    run(case, 0, quick if args.quick else full, "", HUGE_PAGES if huge else {}))
+            for setting, env in HUGE_PAGE_SETTINGS.items():
+                results.setdefault((case, setting), []).append(run(case, 0, quick if args.quick else full, "", env))
     rows = []
     for case, key in HUGE_PAGE_CASES.items():
-        plain, huge = (_bench.median([r[key] for r in results[(case, h)]]) for h in (False, True))
-        rows.append({"case": case, "samples_per_s": round(plain), "huge_pages_samples_per_s": round(huge),
-                     "ratio": round(huge / plain, 3),
-                     "huge_page_mib": _bench.median([r["anon_huge_mib"] or 0 for r in results[(case, True)]]),
-                     "huge_page_mib_plain": _bench.median([r["anon_huge_mib"] or 0 for r in results[(case, False)]])})
+        rate = {s: _bench.median([r[key] for r in results[(case, s)]]) for s in HUGE_PAGE_SETTINGS}
+        mib = {s: _bench.median([r["anon_huge_mib"] or 0 for r in results[(case, s)]]) for s in HUGE_PAGE_SETTINGS}
+        rows.append({"case": case, "samples_per_s_off": round(rate["off"]), "samples_per_s": round(rate["tables"]),
+                     "samples_per_s_glibc": round(rate["glibc"]), "ratio": round(rate["tables"] / rate["off"], 3),
+                     "ratio_glibc": round(rate["glibc"] / rate["off"], 3), "huge_page_mib_off": mib["off"],
+                     "huge_page_mib": mib["tables"], "huge_page_mib_glibc": mib["glibc"]})
     try:
         thp = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip()
     except OSError:
         thp = "unknown"
     _bench.report("embedding_hugepages", rows, args.out,
-                  notes={"setting": " ".join(f"{k}={v}" for k, v in HUGE_PAGES.items()), "thp": thp})
+                  notes={"settings": {s: " ".join(f"{k}={v}" for k, v in env.items()) or "(as installed)"
+                                      for s, env in HUGE_PAGE_SETTINGS.items()}, "thp": thp})
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:

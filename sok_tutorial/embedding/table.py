@@ -43,8 +43,8 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
+from sok_tutorial.embedding import huge_pages, lifecycle
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.initializers import (
     KeyedInitializer,
     init_spec,
@@ -182,9 +182,13 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         variable behind a Keras one later when a model is built in a symbolic pass, so each
         lookup marks it again if it is new."""
         behind = [] if in_shape_trace(self.variable) else [self.variable.value, *local_components(self.variable)]
+        fresh = False
         for v in (self.variable, *behind):
             if table_of(v) is not self:
                 setattr(v, _OWNER, weakref.ref(self))
+                fresh = True
+        if fresh and behind:  # the TensorFlow variables are new: no step has updated them yet
+            huge_pages.advise(self.weights)
 
     def _initializer(self) -> KeyedInitializer:
         return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=self.indexed)

@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from sok_tutorial.embedding import precision
+from sok_tutorial.embedding import huge_pages, precision
 from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, sum_by_position
 from sok_tutorial.embedding.table import table_of
 
@@ -229,10 +229,14 @@ class SparseOptimizer:
         object.__setattr__(self, "_built_for", variables)
         object.__setattr__(self, "_delegates", tuple(other for other, _ in others))
         self._build_slots([variables[i] for i in own])
-        for variable in variables:  # slots of low-precision tables round as their table does
+        for variable in variables:
             table = table_of(variable)
-            if table is not None and table.precision.low:
-                for slot in table.optimizer_slots(self):
+            if table is None:
+                continue
+            slots = table.optimizer_slots(self)
+            huge_pages.advise(slots)  # (new: not updated yet)
+            if table.precision.low:  # slots of low-precision tables round as their table does
+                for slot in slots:
                     precision.own_slot(table, slot)
 
     def _refuse_column_splits(self, variables: list[Any]) -> None:
