@@ -15,11 +15,12 @@ buffer only until the variable's first sparse update: TensorFlow then hands ever
 of its own, and the buffer itself stays where it is for good. So a table advises its variables
 when it is first looked up (before any step has run) and a sparse optimizer its slots when it
 is built; each variable once. A variable replaced as a whole later (``assign`` of a restored
-value) keeps its new buffer on ordinary pages.
+value may hand it a new buffer) can end up on ordinary pages again.
 
 ``SOK_TUTORIAL_HUGE_PAGES=0`` in the environment turns it off; so does the system setting
 ``/sys/kernel/mm/transparent_hugepage/enabled = never``. Only variables of at least
-`MIN_BYTES` are advised: a smaller one fits the processor's page translations anyway.
+`MIN_BYTES` are advised: on a smaller one the gain is small, and the kernel's huge pages are
+better spent on the large ones.
 ``benchmarks/embedding.py --group hugepages`` measures what it gives.
 
 Example:

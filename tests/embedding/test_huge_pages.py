@@ -69,7 +69,7 @@ def test_small_variables_and_a_switched_off_process_are_left_alone(monkeypatch):
 @needs_huge_pages
 def test_a_table_advises_its_variables_at_its_first_lookup_and_the_optimizer_its_slots(monkeypatch):
     monkeypatch.setattr(huge_pages, "MIN_BYTES", 1 << 20)  # a small table stands in for a large one
-    table = EmbeddingTable(1 << 15, 16, eviction_policy="lru")  # 2 MiB of rows, 384 KiB of index
+    table = EmbeddingTable(1 << 15, 16)  # 2 MiB of rows (advised), its index under 1 MiB (not)
     keys = tf.constant(np.arange(1000, dtype=np.int64) * 7919)
     tf.function(lambda k: table.lookup(k, training=True))(keys)  # first looked up while a step is traced
     with tf.GradientTape() as tape:
