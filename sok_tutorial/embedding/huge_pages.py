@@ -39,6 +39,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from sok_tutorial.embedding.ops import local_components
+
 MIN_BYTES = 64 << 20  # a variable smaller than this is left on ordinary pages
 HUGE = 2 << 20  # the size of one transparent huge page on x86-64 and arm64 (4 KiB base pages)
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
@@ -91,8 +93,6 @@ def advise(variables: Iterable[Any], min_bytes: int | None = None) -> int:
     """
     if not enabled():
         return 0
-    from sok_tutorial.embedding.ops import local_components
-
     moved, libc, min_bytes = 0, None, MIN_BYTES if min_bytes is None else min_bytes
     with tf.init_scope():  # eagerly, also when a layer is built while a step is traced
         for variable in variables:
