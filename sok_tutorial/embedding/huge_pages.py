@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ def enabled() -> bool:
     ``never``, and ``SOK_TUTORIAL_HUGE_PAGES`` not ``0``."""
     if sys.platform != "linux" or os.environ.get("SOK_TUTORIAL_HUGE_PAGES", "1") == "0":
         return False
+    return _system_allows()
+
+
+@functools.cache
+def _system_allows() -> bool:
+    """The kernel's setting, read once: transparent huge pages not ``never``."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
             return "[never]" not in f.read()
@@ -60,6 +67,7 @@ def enabled() -> bool:
         return False
 
 
+@functools.cache
 def _libc() -> Any:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -91,29 +99,28 @@ def advise(variables: Iterable[Any], min_bytes: int | None = None) -> int:
     Call it before the variables' first sparse update (module docstring); a variable is advised
     once, and a later call passes over it.
     """
-    if not enabled():
-        return 0
-    moved, libc, min_bytes = 0, None, MIN_BYTES if min_bytes is None else min_bytes
+    min_bytes = MIN_BYTES if min_bytes is None else min_bytes
     with tf.init_scope():  # eagerly, also when a layer is built while a step is traced
-        for variable in variables:
-            for copy in local_components(variable):
-                if getattr(copy, _ADVISED, False) or "GPU" in (copy.device or "").upper():
-                    continue
-                if copy.shape.num_elements() is None or copy.shape.num_elements() * copy.dtype.size < min_bytes:
-                    continue
-                setattr(copy, _ADVISED, True)
-                try:
-                    where = _host_buffer(copy)
-                except Exception:  # noqa: BLE001  (a dtype or device DLPack does not carry: left alone)
-                    continue
-                if where is None:
-                    continue
-                start = -(-where[0] // HUGE) * HUGE  # the whole huge pages inside the buffer
-                end = (where[0] + where[1]) // HUGE * HUGE
-                if end <= start:
-                    continue
-                libc = libc or _libc()
-                libc.madvise(start, end - start, _MADV_HUGEPAGE)
-                if libc.madvise(start, end - start, _MADV_COLLAPSE) == 0:
-                    moved += end - start
+        large = [copy for variable in variables for copy in local_components(variable)
+                 if not getattr(copy, _ADVISED, False) and "GPU" not in (copy.device or "").upper()
+                 and copy.shape.num_elements() is not None
+                 and copy.shape.num_elements() * copy.dtype.size >= min_bytes]
+        if not large or not enabled():  # (most tables are small: no system read for them)
+            return 0
+        moved = 0
+        for copy in large:
+            setattr(copy, _ADVISED, True)
+            try:
+                where = _host_buffer(copy)
+            except Exception:  # noqa: BLE001  (a dtype or device DLPack does not carry: left alone)
+                continue
+            if where is None:
+                continue
+            start = -(-where[0] // HUGE) * HUGE  # the whole huge pages inside the buffer
+            end = (where[0] + where[1]) // HUGE * HUGE
+            if end <= start:
+                continue
+            _libc().madvise(start, end - start, _MADV_HUGEPAGE)
+            if _libc().madvise(start, end - start, _MADV_COLLAPSE) == 0:
+                moved += end - start
     return moved
