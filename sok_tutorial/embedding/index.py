@@ -220,6 +220,7 @@ def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name
     with tf.control_dependencies([grown]):
         if share is not None:
             rows = tf.where(missing, lookup(index, keys)[0], rows)
-        else:
-            rows = tf.where(missing, held + tf.cumsum(tf.cast(missing, tf.int64)) - 1, rows)
+        else:  # (a step whose keys all have rows, the usual one once a table is warm, skips the pass)
+            rows = tf.cond(count > 0, lambda: tf.where(missing, held + tf.cumsum(tf.cast(missing, tf.int64)) - 1, rows),
+                           lambda: rows)
         return tf.identity(rows), tf.identity(new_keys), new_rows
