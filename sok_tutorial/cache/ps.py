@@ -6,21 +6,20 @@ Every call works on whole batches of keys, and `push` is all or nothing.
 
 * `HostMemoryPS`: rows in a NumPy array per table, found through a ``kernels.key_index.KeyIndex``
   of the table's keys (a push merges its new keys in with one insert). A hash table whose NumPy
-  insert works in probe rounds and rehashes every key when it grows was slower here: on the
-  benchmark's passes (~112k keys, 40-60% of them new) a push of both tables took 50-110 ms with
-  it, 15-25 ms with sorted keys, and a pull 12-19 ms against 7 ms. The merge copies the key
-  arrays (16 bytes a key), so a push grows with the table: 60-300 ms more per table at 10M keys.
+  insert works in probe rounds and rehashes every key when it grows was slower on the
+  benchmark's passes (``benchmarks/training_cache.py``, 40-60% of a pass's keys new), for pushes
+  and pulls alike. The merge copies the key arrays (16 bytes a key), so a push grows with the
+  table.
 * `DiskPS`: rows in RocksDB (through ``rocksdict``), one record per key. A `push` is one
   ``WriteBatch``: RocksDB applies it atomically and logs it to its write-ahead log before
   returning, so a process killed at any moment reopens with every completed push and no part
   of an interrupted one. It also keeps each table's keys in memory in a `KeyIndex` (16 bytes a
   key: a scan of the store reads them on first use, every push merges its new keys after RocksDB
-  took it), so a pull asks RocksDB only for keys the table holds. A point lookup costs about 2 us
-  on our machine whether the key exists or not, and a pass brings many new keys (40-60% of
-  what the training cache pulls in the benchmark), so this took the server's pulls in a
-  benchmark pass from ~0.26 s to ~0.08 s (0.54 s before the cache reused the rows of keys it
-  still holds). Record keys and values are built in NumPy (``tolist`` of a void view), not by
-  slicing bytes in Python: ~50 ms less per pull and per push.
+  took it), so a pull asks RocksDB only for keys the table holds. A RocksDB point lookup costs
+  about as much whether the key exists or not, and a pass brings many new keys (40-60% of what
+  the training cache pulls in the benchmark), so this shortens a pull by the lookups of every
+  key the table does not hold. Record keys and values are built in NumPy (``tolist`` of a void
+  view), not by slicing bytes in Python.
 
 Calls are serialised by a lock: the training cache pulls the next keyset in a background
 thread while it pushes the current one.

@@ -1,8 +1,8 @@
 """Staging a pass for the training cache: the next keyset's background pull, and keysets.
 
 A pass's keys map to device rows ``0 .. n-1`` through a ``kernels.key_index.KeyIndex`` of its
-sorted keyset; the loader's remap of every categorical value goes through it (its dense path:
-~0.1 s of CPU less per pass of the benchmark than a binary search).
+sorted keyset; the loader's remap of every categorical value goes through it (its dense path,
+a gather per value, where a binary search would take a logarithm of the keyset).
 
 * `Prefetch`: pulls rows from the parameter server in a background thread, in chunks (a
   parameter server call may hold the GIL for its whole length, so short calls let the training

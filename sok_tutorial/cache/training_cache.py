@@ -23,25 +23,15 @@ What a pass costs besides training, and how it is kept small:
   changes the server's rows in between (`load_params_from_files`) drops the prefetch, and an
   `update` of another keyset ignores it. The cache must be its tables' only writer.
 * `remap` (every categorical value the loader reads) is one gather from a dense array over the
-  keyset's key range, not a binary search: 0.1 ms instead of 5.6 ms for a column of 50,000
-  values. `write_back` reads each table and its slots with one gather and one concat.
+  keyset's key range, not a binary search, which costs a logarithm of the keyset per value.
+  `write_back` reads each table and its slots with one gather and one concat.
 
-Measured with ``benchmarks/training_cache.py`` (6 passes of 50,000 samples with ~112k keys each,
-device tables of 10% of a 3.1M-key vocabulary, sparse Adam, a 2-core CPU; seconds per pass):
-
-    ============  ============  =============  ==========  =================================
-    server        vs in-memory  update (pull)  write_back  before (vs in-memory, pull, w-b)
-    ============  ============  =============  ==========  =================================
-    HostMemoryPS  0.90x         0.08           0.08        0.68x, 0.11, 0.23
-    DiskPS        0.80x         0.17           0.27        0.47x, 0.54, 0.45
-    ============  ============  =============  ==========  =================================
-
-Another run gave 0.88x and 0.68x (training time itself varies by ~10% on the shared machine).
-DiskPS's write-back is mostly RocksDB taking one batch of ~225k records. With `prefetch`, `update`
-takes ~0.07 s with either server, but on two cores the background thread competes with
-training for the CPU and the GIL (RocksDB reads hold it): samples/s did not improve (0.86x and
-0.79x in the run above, 0.85x and 0.71x in the other). It is meant for machines whose cores
-sit idle while the device trains (not measured here).
+``benchmarks/training_cache.py`` measures a pass with each server against the whole table in
+memory (pull, write-back and training time per pass, with and without `prefetch`); the figures
+of the last run are in the README. DiskPS's write-back is mostly RocksDB taking one batch of
+records. On two cores `prefetch`'s background thread competes with training for the CPU and the
+GIL (RocksDB reads hold it), so there what it gains varies from run to run; it is meant for
+machines whose cores sit idle while the device trains.
 
 Example:
     >>> import numpy as np, keras, tensorflow as tf

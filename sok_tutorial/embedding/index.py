@@ -22,31 +22,21 @@ shrinking rest. New keys (distinct, absent) take rows ``size, size + 1, ...`` in
 and each claims the empty slot its lookup ended on. When several new keys claim one slot, one
 scatter decides, a gather back tells each key whether it won, and the losers probe on.
 
-Measured on the 2-core machine (``benchmarks/embedding.py``, ``index`` cases; median over 3
-rounds of 20 steps), for each step's distinct keys of 26 x 8192 Zipf(1.1) keys (114,610 on
-average, ~67k of them new in these first steps) going into an empty index of 10M rows:
-
-    ====================================================  ===============  ===========
-    index                                                  lookup + insert  lookup only
-    ====================================================  ===============  ===========
-    this one (variables, gathers, scatters)                11.7 ms          6.0 ms
-    ``tf.lookup.experimental.DenseHashTable``              10.7 ms          4.1 ms
-    ``tf.lookup.experimental.MutableHashTable``            25.6 ms          5.1 ms
-    ====================================================  ===============  ===========
-
-On this CPU ``DenseHashTable`` is as fast or a little faster (an earlier run measured it
-slower, 16.7 against 13.3 ms: the two sit within the machine's noise of each other). The choice
-rests on what the two lookup-table resources cannot do: they have CPU kernels only (on a GPU,
-keys would cross to the host and rows back every step), ``DenseHashTable`` reserves two sentinel
-keys, and both live outside ``tf.distribute``'s variables, so every replica would need a
-resource of its own and checkpoints a second path.
+``benchmarks/embedding.py`` (``index`` cases) times this index beside TensorFlow's two
+lookup-table resources, ``tf.lookup.experimental.DenseHashTable`` and ``MutableHashTable``, on
+each step's distinct keys of the torchrec_shape workload; the README has the figures. On a CPU
+``DenseHashTable`` runs about as fast as this one. The choice rests on what the two resources
+cannot do: they have CPU kernels only (on a GPU, keys would cross to the host and rows back
+every step), ``DenseHashTable`` reserves two sentinel keys, and both live outside
+``tf.distribute``'s variables, so every replica would need a resource of its own and
+checkpoints a second path.
 
 Rows are handed out in order of first sight, so the rows a step touches sit in the front of the
 table, hot keys first, rather than spread over all of it: gathering and scattering them is
-cheaper than in a static table with the same keys. Once its keys have rows (``dynamic_warm`` in
-the ``torchrec_shape`` cases) a dynamic table trains at 0.83x the static one with SGD, 0.94-0.96x
-with Adagrad and Adam and 1.04x with LazyAdam; in the first steps, where ~67k of a step's 115k
-distinct keys are new, placing them and writing their initial vectors brings it to 0.63-0.82x.
+cheaper than in a static table with the same keys. What a dynamic table costs against a static
+one, once its keys have rows (``dynamic_warm``) and in the first steps, when most of a step's
+keys are new and get rows and initial vectors, is in the ``torchrec_shape`` cases of the same
+benchmark and in the README.
 
 On a GPU every op here has a GPU kernel (gathers, scatters, bitwise arithmetic on uint64,
 ``tf.where``). What crosses to the host is the control flow: the size of each

@@ -14,9 +14,9 @@ time. The recipe, all integers in uint64 arithmetic::
     uniform = float32(bits) * ((b - a) / 2**23) + (a + (b - a) / 2**24)      in (a, b)
 
 with one odd multiplier per column. The mix runs once per key, and each value costs only a
-multiply, a shift and two float32 operations. A dynamic table meeting ~67k new keys of width 16
-in a step computes them in 3-5 ms on our 2-core machine, where a full mix per value (about 15
-elementwise passes) took 9-10 ms, timed side by side. Uniform values are identical, bit for bit, in both
+multiply, a shift and two float32 operations, where a full mix per value would take about 15
+elementwise passes over the new rows (two to three times the time, side by side, for the tens
+of thousands of new keys a dynamic table meets in a step). Uniform values are identical, bit for bit, in both
 implementations. Normal draws (Box-Muller in float64 from two such uniforms; truncated normal
 redraws values beyond two standard deviations from further streams, then clips) go through
 ``log`` and ``cos``, whose last bit can differ between NumPy and TensorFlow. After rounding to

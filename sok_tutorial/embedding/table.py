@@ -18,8 +18,8 @@ A lookup, in TensorFlow ops (no Python in the graph)::
 Keys are deduplicated first, so the index and the gather see every distinct key once (a step
 of 26 x 8192 Zipf keys holds ~114k distinct among 213k). The gradient flows back the same way:
 the expand's gradient sums the K rows of upstream gradient into U with one sparse matrix
-product (5.3 ms a step against 9.6 ms for ``tf.math.unsorted_segment_sum`` on our 2-core
-machine: ``benchmarks/embedding.py``, ``reduce``). The table receives a `UniqueRowsGradient`
+product, faster on a CPU than ``tf.math.unsorted_segment_sum`` (``benchmarks/embedding.py``,
+``reduce``, times the two side by side). The table receives a `UniqueRowsGradient`
 (`sok_tutorial.embedding.ops`), which tells the sparse optimizers that its rows are distinct
 and already summed, so they skip their own deduplication. Where TensorFlow combines gradients
 (a table looked up twice in one step, or all-reduced over replicas), it arrives as a plain
