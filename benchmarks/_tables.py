@@ -57,21 +57,23 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
 
     ``static_pipeline`` is the static table fed by a ``tf.data`` pipeline that deduplicates each
     batch's keys (`sok_tutorial.embedding.unique_keys`) and prefetches: the step's ``tf.unique``
-    runs there, for the next batch, beside the step; a step's time includes taking its batch."""
+    runs there, for the next batch, beside the step; a step's time includes taking its batch.
+    ``dynamic_pipeline`` and ``dynamic_warm_pipeline`` are the dynamic table so fed, its pipeline
+    also looking the keys up in the index (`sok_tutorial.embedding.lookup_ahead`)."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
-    from sok_tutorial.embedding import unique_keys
+    from sok_tutorial.embedding import lookup_ahead, unique_keys
 
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
     embedding, step = model(optimizer, ROWS_PER_TABLE * NT, data[0][0], use_hashtable=not table.startswith("static"))
-    if table == "dynamic_warm":  # every key of the timed steps already has a row: lookups, no inserts
+    if table.startswith("dynamic_warm"):  # every key of the timed steps already has a row: lookups, no inserts
         for keys, labels in data:
             step(keys, labels)
     feed = iter(data)
-    if table == "static_pipeline":
+    if table.endswith("pipeline"):  # deduplicated (and a dynamic table's rows looked up) ahead, in tf.data
         feed = tf.data.Dataset.from_tensor_slices((tf.stack([k for k, _ in data]), tf.stack([y for _, y in data])))
-        feed = iter(feed.map(unique_keys).prefetch(2))
+        feed = iter(feed.map(unique_keys if table.startswith("static") else lookup_ahead(embedding)).prefetch(2))
     timed(step, feed, WARM)
     cpu, wall = time.process_time(), time.perf_counter()
     times = timed(step, feed, steps)

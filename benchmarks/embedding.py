@@ -19,7 +19,9 @@ step (``static_pipeline``, `sok_tutorial.embedding.unique_keys`) and a dynamic o
 the in-graph index), each with SGD,
 Adagrad, Adam, LazyAdam and RowWiseAdagrad, with the cores each kept busy; the dynamic/static
 ratio, also for ``dynamic_warm`` (the dynamic table once every key has a row: the index's lookups
-without inserts); the per-op profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
+without inserts), and for both fed by a pipeline that also looks the keys up in the index
+(``dynamic_pipeline``, ``dynamic_warm_pipeline``, `sok_tutorial.embedding.lookup_ahead`) against
+``static_pipeline``; the per-op profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
 (TorchRec's virtualenv) and ``--peers DIR`` (the folder of ``bench_torchrec.py``), TorchRec's
 fused CPU kernels and plain PyTorch run in the same rounds.
 
@@ -89,7 +91,8 @@ from benchmarks import _bench, _dlrm, _eviction, _keras_rs, _memory, _precision,
 SLOTS, DIM, BATCH = 26, 16, 8192
 KEYS = ["criteo_like", "uniform"]  # Zipf keys as in CTR data, and the uniform worst case
 CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_lookup_fused", "group_lookup_loop"]
-TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm")  # _tables.train says what each is
+TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm",  # _tables.train says what each is
+               "dynamic_pipeline", "dynamic_warm_pipeline")
 GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm",
           "hugepages")
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on large blocks
@@ -255,7 +258,9 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
         for kind in TABLE_KINDS:
             row = {"case": "torchrec_shape", "table": kind, "optimizer": optimizer, "samples_per_s": round(sps[kind]),
                    "cpu_busy": round(_bench.median([r["cpu_busy"] for r in runs[kind]]), 2)}
-            if kind != "static":
+            if kind.startswith("dynamic") and kind.endswith("pipeline"):  # against the static table so fed
+                row["dynamic_vs_static_pipeline"] = round(sps[kind] / sps["static_pipeline"], 2)
+            elif kind != "static":
                 ratio = "vs_static" if kind.startswith("static") else "dynamic_vs_static"
                 row[ratio] = round(sps[kind] / sps["static"], 2)
             table.append(row)

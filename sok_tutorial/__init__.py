@@ -19,6 +19,7 @@ _NAMES: dict[str, str] = {
     "group_embedding_lookup_sparse": "sok_tutorial.embedding",
     "from_keras_rs": "sok_tutorial.embedding",
     "unique_keys": "sok_tutorial.embedding",
+    "lookup_ahead": "sok_tutorial.embedding",
     "UniqueKeys": "sok_tutorial.embedding",
     "Init": "sok_tutorial.distribute",
     "replica_devices": "sok_tutorial.distribute",

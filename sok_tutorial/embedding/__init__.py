@@ -29,12 +29,13 @@ from sok_tutorial.embedding.placement import (
 from sok_tutorial.embedding.planner import Plan, PlanError, TableSpec, plan
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable, table_of, tables_of
-from sok_tutorial.embedding.unique_keys import UniqueKeys, unique_keys
+from sok_tutorial.embedding.unique_keys import UniqueKeys, lookup_ahead, unique_keys
 from sok_tutorial.embedding.utils import OptimizerScope, split_embedding_variable_from_others
 
 __all__ = ["All2AllDenseEmbedding", "bytes_per_device", "column_slices", "DistributedEmbedding", "EmbeddingTable",
            "exchange_bytes", "FeatureEmbedding", "frequency_blocks", "frequency_order", "from_keras_rs", "grid_shape",
-           "group_embedding_lookup_sparse", "keyed_initial_values", "KeyedInitializer", "mixed_dimensions",
-           "MixedDimensionEmbedding", "OptimizerScope", "Plan", "plan", "plan_table_wise", "PlanError", "QREmbedding",
-           "replica_bytes", "rows_per_replica", "ShardedTable", "split_embedding_variable_from_others", "table_of",
-           "tables_of", "TableSpec", "UniqueKeys", "unique_keys", "UniqueRowsGradient", "VocabularyExhausted"]
+           "group_embedding_lookup_sparse", "keyed_initial_values", "KeyedInitializer", "lookup_ahead",
+           "mixed_dimensions", "MixedDimensionEmbedding", "OptimizerScope", "Plan", "plan", "plan_table_wise",
+           "PlanError", "QREmbedding", "replica_bytes", "rows_per_replica", "ShardedTable",
+           "split_embedding_variable_from_others", "table_of", "tables_of", "TableSpec", "UniqueKeys", "unique_keys",
+           "UniqueRowsGradient", "VocabularyExhausted"]

@@ -241,8 +241,8 @@ class DistributedEmbedding(_EmbeddingBase):
         weights = None if sp_weights is None else flat_weights(like_keys(keys), sp_weights,
                                                                name=f"{self.name}: sp_weights")
         if keys.shape.rank == 2:
-            keys = UniqueKeys(keys.unique, keys.position[:, :, None], keys.pairs) if isinstance(keys, UniqueKeys) \
-                else keys[:, :, None]
+            keys = UniqueKeys(keys.unique, keys.position[:, :, None], keys.pairs, keys.rows) \
+                if isinstance(keys, UniqueKeys) else keys[:, :, None]
         if keys.shape.rank != 3 or keys.shape[1] != self.slot_num:
             raise ValueError(f"{self.name}: dense keys must be [batch, slot_num={self.slot_num}] or "
                              f"[batch, slot_num={self.slot_num}, nnz], got shape {keys.shape}")

@@ -52,7 +52,14 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import (
+    all_gather,
+    in_shape_trace,
+    inserting,
+    local_components,
+    read_rows,
+    vectors_of,
+)
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_rows import RowsByKey
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
@@ -351,10 +358,47 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         share = self._share()
         if share is not None and insert and self.lifecycle.active:
             rows, found = self._rows_of_every_replica(unique, counts)
+        elif ready and keys.rows is not None and share is None and self.takes_rows_ahead:
+            rows, found = self._rows_checked(unique, keys.rows, insert)
         else:
             rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
         vectors = vectors_of(self.variable.value, rows, found, position, pairs)
         return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
+
+    @property
+    def takes_rows_ahead(self) -> bool:
+        """Whether rows looked up in the input pipeline (`rows_ahead`) can spare this table its index
+        lookups: a built dynamic table held whole by one copy, without a policy, admission or change
+        tracking (whose rows never move while it trains)."""
+        return self.built and self.indexed and not self.lifecycle.active and \
+            len(local_components(self._slot_rows)) == 1
+
+    def rows_ahead(self, ready: UniqueKeys) -> UniqueKeys:
+        """`ready` with the rows this table's index holds for its distinct keys now (-1: none), read
+        only: for the input pipeline (`sok_tutorial.embedding.lookup_ahead`), ahead of the step. A
+        table that cannot use them (`takes_rows_ahead`) gets `ready` back as it was."""
+        if not self.takes_rows_ahead:
+            return ready
+        rows, _ = key_index.lookup(self.index_variables(), ready.unique)
+        return UniqueKeys(ready.unique, ready.position, ready.pairs, rows)
+
+    def _rows_checked(self, keys: tf.Tensor, hints: tf.Tensor, insert: bool) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """`rows` of the distinct `keys` given the rows found for them ahead (`hints`, -1: none). A
+        hint stands when its row is in use and holds its key (rows in use hold one key each, so
+        the key's row it is, even if the table was restored since); the other keys, new ones among
+        them, go through the index as usual. Once a table knows its keys, that is one gather."""
+        index = self.index_variables()
+        at = tf.clip_by_value(hints, 0, self.capacity - 1)
+        good = (hints >= 0) & (hints < index.size.read_value()) & tf.equal(read_rows(index.row_keys, at), keys)
+
+        def the_others() -> tf.Tensor:
+            others = tf.where(~good)[:, 0]
+            rows, found = self.rows(tf.gather(keys, others), insert=insert)
+            rows = rows if found is None else tf.where(found, rows, -1)
+            return tf.tensor_scatter_nd_update(hints, others[:, None], rows)
+
+        rows = tf.cond(tf.reduce_all(good), lambda: tf.identity(hints), the_others)
+        return (rows, None) if insert else (tf.maximum(rows, 0), rows >= 0)
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
         """A replicated table that forgets: every replica places the distinct keys of the whole step

@@ -27,6 +27,7 @@ Example:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -37,7 +38,9 @@ class UniqueKeys(tf.experimental.ExtensionType):
     ``position`` (int32, the batch's key shape): the batch's keys are ``unique[position]``.
     `pairs` (int64 ``[K, 2]``: ``(k, position[k])`` for the K keys in flat order), when given, are
     the indices of the sparse product that sums the gradients of repeated keys in the backward
-    pass (`sok_tutorial.embedding.ops.sum_by_position`), made ahead as well.
+    pass (`sok_tutorial.embedding.ops.sum_by_position`), made ahead as well. `rows` (int64
+    ``[U]``), when given, are the rows a dynamic table's index held for the distinct keys when the
+    pipeline looked them up (-1: none then; `lookup_ahead`): hints the table checks, never trusts.
 
     It acts as a tensor of the keys' shape where the layers expect one (Keras passes it through
     ``layer(keys)``), so a step written for key tensors takes it unchanged.
@@ -47,11 +50,14 @@ class UniqueKeys(tf.experimental.ExtensionType):
     unique: tf.Tensor
     position: tf.Tensor
     pairs: Optional[tf.Tensor] = None  # noqa: UP045 (TensorFlow's extension types read typing's Optional)
+    rows: Optional[tf.Tensor] = None  # noqa: UP045
 
     def __validate__(self) -> None:
         if self.unique.dtype != tf.int64 or self.position.dtype != tf.int32:
             raise TypeError(f"UniqueKeys needs int64 unique keys and int32 positions, got unique "
                             f"{self.unique.dtype.name} and position {self.position.dtype.name}")
+        if self.rows is not None and self.rows.dtype != tf.int64:
+            raise TypeError(f"UniqueKeys needs int64 rows, got {self.rows.dtype.name}")
 
     @property
     def shape(self) -> tf.TensorShape:
@@ -72,7 +78,7 @@ class UniqueKeys(tf.experimental.ExtensionType):
 
     def reshape(self, shape: Any) -> UniqueKeys:
         """The same keys in another shape (of as many keys, so the same flat order)."""
-        return UniqueKeys(self.unique, tf.reshape(self.position, shape), self.pairs)
+        return UniqueKeys(self.unique, tf.reshape(self.position, shape), self.pairs, self.rows)
 
 
 def unique_keys(keys: Any, *rest: Any) -> Any:
@@ -86,6 +92,48 @@ def unique_keys(keys: Any, *rest: Any) -> Any:
     pairs = tf.stack([tf.range(tf.size(position, tf.int64)), tf.cast(position, tf.int64)], 1)
     ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)), pairs)
     return (ready, *rest) if rest else ready
+
+
+def lookup_ahead(layer: Any) -> Callable[..., Any]:
+    """A ``tf.data`` map function that does what `unique_keys` does and also looks the distinct keys
+    up in the key index of `layer`'s table (a `DistributedEmbedding`, or an `EmbeddingTable`), so
+    that the next batch's index lookups, too, run beside the step rather than in it.
+
+    The rows travel in `UniqueKeys.rows`. They are hints: between the pipeline's lookup and the
+    step, the step before may give new keys rows, and a restore may move every row, so the table
+    keeps a hint only if the row is in use and holds that key (one gather), and looks the other
+    keys up, and gives new ones rows, as it would without hints. It pays off once most of a
+    batch's keys have rows: while most are new, the pipeline's reads of the index wait on the
+    step's writes to it (``benchmarks/embedding.py``, ``dynamic_pipeline`` against ``dynamic``).
+    A table whose rows can move while it trains (an eviction policy, admission, change tracking),
+    a sharded table, a static one and one replicated over several replicas take no hints: for them
+    it is `unique_keys`. The layer must be built (its index exists) before the pipeline runs.
+
+    Example:
+        >>> import sok_tutorial as sok
+        >>> layer = sok.DistributedEmbedding("sum", 100, 4, slot_num=2, max_nnz=1, use_hashtable=True)
+        >>> _ = layer(tf.constant([[10, 20]], tf.int64), training=True)  # builds it; 10 and 20 get rows
+        >>> dataset = tf.data.Dataset.from_tensor_slices(tf.constant([[20, 30], [10, 20]], tf.int64)).batch(2)
+        >>> ready = next(iter(dataset.map(lookup_ahead(layer))))
+        >>> ready.unique.numpy().tolist(), ready.rows.numpy().tolist()  # 30 has no row yet
+        ([20, 30, 10], [1, -1, 0])
+        >>> layer(ready, training=True).shape
+        TensorShape([2, 2, 4])
+    """
+    table = getattr(layer, "table", layer)  # (a layer's table is None until the layer is built)
+    if table is not None and not (hasattr(table, "lookup") and hasattr(table, "built")):
+        raise TypeError(f"lookup_ahead needs an embedding layer or table, got {type(layer).__name__}")
+    if table is None or not table.built:
+        raise ValueError(f"lookup_ahead: {getattr(layer, 'name', layer)} is not built yet, so it has no key index "
+                         "to look keys up in; build it first (call it on a batch, or build the model)")
+    rows_ahead = getattr(table, "rows_ahead", None)
+
+    def ahead(keys: Any, *rest: Any) -> Any:
+        ready = keys if isinstance(keys, UniqueKeys) else unique_keys(keys)
+        ready = ready if rows_ahead is None else rows_ahead(ready)
+        return (ready, *rest) if rest else ready
+
+    return ahead
 
 
 def as_keys(keys: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Keys deduplicated in the input pipeline (`UniqueKeys`) train exactly as the keys themselves."""
+"""Keys deduplicated in the input pipeline (`UniqueKeys`), and a dynamic table's rows looked up there
+(`lookup_ahead`), train exactly as the keys themselves."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
-from sok_tutorial.embedding import UniqueKeys, unique_keys  # noqa: E402
+from sok_tutorial.embedding import EmbeddingTable, UniqueKeys, lookup_ahead, unique_keys  # noqa: E402
 
 ROWS, DIM, SLOTS, BATCH = 50, 4, 3, 16
 
@@ -76,3 +77,63 @@ def test_unique_keys_refuses_keys_that_are_not_integers():
         unique_keys(tf.constant([1.0, 2.0]))
     with pytest.raises(TypeError, match="int32 positions"):
         UniqueKeys(tf.constant([1], tf.int64), tf.constant([0], tf.int64))
+
+
+def _dynamic_layer() -> keras.layers.Layer:
+    layer = sok.DistributedEmbedding("sum", ROWS, DIM, slot_num=SLOTS, max_nnz=1, use_hashtable=True)
+    layer(tf.zeros([1, SLOTS], tf.int64))  # built: its index exists (an inference call gives no key a row)
+    return layer
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "Adagrad"])
+def test_rows_looked_up_ahead_train_the_same_dynamic_table(optimizer):
+    plain, plain_out = _train(_dynamic_layer(), optimizer, _batches(None))
+    layer = _dynamic_layer()
+    ahead = _batches(None).map(lookup_ahead(layer)).prefetch(3)  # looked up before the steps before give rows
+    found, out = _train(layer, optimizer, ahead)
+    np.testing.assert_allclose(out, plain_out, rtol=1e-6)
+    np.testing.assert_allclose(found, plain, rtol=1e-6, atol=1e-7)
+    rows = np.concatenate([ready.rows.numpy() for ready, _ in _batches(None).map(lookup_ahead(layer))])
+    assert (rows >= 0).all()  # once trained, the pipeline finds every key
+
+
+def test_a_table_checks_the_rows_it_is_given_and_looks_up_the_others():
+    table = EmbeddingTable(64, DIM)
+    table.lookup(tf.constant([5, 6, 7], tf.int64), training=True)  # rows 0, 1, 2
+    keys = tf.constant([7, 5, 9, 6], tf.int64)  # 9 is new
+    expected = table.lookup(keys).numpy()  # (9: zeros, no row)
+    for hints in ([2, 0, -1, 1],  # right
+                  [0, 2, 1, -1],  # wrong rows, a row held by another key
+                  [40, 0, 3, 63],  # rows not in use
+                  [-1, -1, -1, -1]):
+        ready = UniqueKeys(keys, tf.range(4), rows=tf.constant(hints, tf.int64))
+        np.testing.assert_array_equal(table.lookup(ready).numpy(), expected, err_msg=str(hints))
+    vectors = table.lookup(UniqueKeys(keys, tf.range(4), rows=tf.constant([0, 0, 0, 0], tf.int64)), training=True)
+    assert int(table.size) == 4 and np.abs(vectors.numpy()[2]).sum() > 0  # 9 got a row and its initial vector
+    np.testing.assert_array_equal(vectors.numpy()[[0, 1, 3]], expected[[0, 1, 3]])
+
+
+def test_rows_looked_up_before_a_restore_are_not_trusted():
+    table = EmbeddingTable(64, DIM)
+    keys = tf.constant([11, 12, 13], tf.int64)
+    table.lookup(keys, training=True)
+    ready = table.rows_ahead(unique_keys(keys))
+    assert ready.rows.numpy().tolist() == [0, 1, 2]
+    saved = table.export()
+    table.restore({name: value[::-1] for name, value in saved.items()})  # the same keys in other rows
+    np.testing.assert_array_equal(table.lookup(ready).numpy(), table.lookup(keys).numpy())
+    np.testing.assert_array_equal(table.lookup(ready).numpy(), saved["vectors"])
+
+
+def test_tables_whose_rows_move_take_no_rows_ahead():
+    for table in (EmbeddingTable(64, DIM, eviction_policy="lru"), EmbeddingTable(64, DIM, track_changes=True),
+                  EmbeddingTable(64, DIM, dynamic=False)):
+        table.build()
+        assert not table.takes_rows_ahead and lookup_ahead(table)(tf.constant([1, 2], tf.int64)).rows is None
+
+
+def test_lookup_ahead_needs_a_built_layer_or_table():
+    with pytest.raises(ValueError, match="not built yet"):
+        lookup_ahead(sok.DistributedEmbedding("sum", ROWS, DIM, slot_num=SLOTS, max_nnz=1, use_hashtable=True))
+    with pytest.raises(TypeError, match="needs an embedding layer or table, got int"):
+        lookup_ahead(3)
