@@ -100,6 +100,9 @@ def tables_of(model: Any) -> list[EmbeddingTable]:
     return list({id(t): t for t in found}.values())
 
 
+_AHEAD_SAMPLE = 1024  # keys `rows_ahead` looks up first, to see whether nearly all have rows
+
+
 @keras.saving.register_keras_serializable(package="sok_tutorial")
 class EmbeddingTable(RowsByKey, keras.layers.Layer):
     """An embedding table: int keys (any shape) -> vectors (``keys.shape + [dim]``).
@@ -379,8 +382,14 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         table that cannot use them (`takes_rows_ahead`) gets `ready` back as it was."""
         if not self.takes_rows_ahead:
             return ready
-        rows, _ = key_index.lookup(self.index_variables(), ready.unique)
-        return UniqueKeys(ready.unique, ready.position, ready.pairs, rows)
+        index, unique = self.index_variables(), ready.unique
+        # While many keys are new (a table filling up), rows found ahead save little, and reading the
+        # index then makes the step's writes to it wait: only if 9 in 10 of a sample have rows (else -1s).
+        sample, _ = key_index.lookup(index, unique[:_AHEAD_SAMPLE])
+        known = 10 * tf.math.count_nonzero(sample >= 0) >= 9 * tf.size(sample, tf.int64)
+        rows = tf.cond(known & (tf.size(unique) > 0), lambda: key_index.lookup(index, unique)[0],
+                       lambda: tf.fill(tf.shape(unique), tf.constant(-1, tf.int64)))
+        return UniqueKeys(unique, ready.position, ready.pairs, rows)
 
     def _rows_checked(self, keys: tf.Tensor, hints: tf.Tensor, insert: bool) -> tuple[tf.Tensor, tf.Tensor | None]:
         """`rows` of the distinct `keys` given the rows found for them ahead (`hints`, -1: none). A
@@ -388,16 +397,22 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
         the key's row it is, even if the table was restored since); the other keys, new ones among
         them, go through the index as usual. Once a table knows its keys, that is one gather."""
         index = self.index_variables()
-        at = tf.clip_by_value(hints, 0, self.capacity - 1)
-        good = (hints >= 0) & (hints < index.size.read_value()) & tf.equal(read_rows(index.row_keys, at), keys)
 
-        def the_others() -> tf.Tensor:
-            others = tf.where(~good)[:, 0]
-            rows, found = self.rows(tf.gather(keys, others), insert=insert)
-            rows = rows if found is None else tf.where(found, rows, -1)
-            return tf.tensor_scatter_nd_update(hints, others[:, None], rows)
+        def rows_of(keys: tf.Tensor) -> tf.Tensor:  # (-1: none)
+            rows, found = self.rows(keys, insert=insert)
+            return rows if found is None else tf.where(found, rows, -1)
 
-        rows = tf.cond(tf.reduce_all(good), lambda: tf.identity(hints), the_others)
+        def checked() -> tf.Tensor:
+            at = tf.clip_by_value(hints, 0, self.capacity - 1)
+            good = (hints >= 0) & (hints < index.size.read_value()) & tf.equal(read_rows(index.row_keys, at), keys)
+
+            def the_others() -> tf.Tensor:
+                others = tf.where(~good)[:, 0]
+                return tf.tensor_scatter_nd_update(hints, others[:, None], rows_of(tf.gather(keys, others)))
+
+            return tf.cond(tf.reduce_all(good), lambda: tf.identity(hints), the_others)
+
+        rows = tf.cond(tf.reduce_any(hints >= 0), checked, lambda: rows_of(keys))  # (no hints: as without)
         return (rows, None) if insert else (tf.maximum(rows, 0), rows >= 0)
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:

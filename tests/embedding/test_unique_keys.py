@@ -125,6 +125,15 @@ def test_rows_looked_up_before_a_restore_are_not_trusted():
     np.testing.assert_array_equal(table.lookup(ready).numpy(), saved["vectors"])
 
 
+def test_the_pipeline_looks_keys_up_only_once_nearly_all_have_rows():
+    table = EmbeddingTable(64, DIM)
+    table.lookup(tf.range(9, dtype=tf.int64), training=True)  # keys 0..8 in rows 0..8
+    nine_in_ten = table.rows_ahead(unique_keys(tf.range(10, dtype=tf.int64))).rows.numpy().tolist()
+    assert nine_in_ten == [*range(9), -1]
+    assert table.rows_ahead(unique_keys(tf.range(1, 11, dtype=tf.int64))).rows.numpy().tolist() == [-1] * 10
+    assert table.rows_ahead(unique_keys(tf.zeros([0], tf.int64))).rows.numpy().tolist() == []
+
+
 def test_tables_whose_rows_move_take_no_rows_ahead():
     for table in (EmbeddingTable(64, DIM, eviction_policy="lru"), EmbeddingTable(64, DIM, track_changes=True),
                   EmbeddingTable(64, DIM, dynamic=False)):
