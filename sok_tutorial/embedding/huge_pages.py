@@ -75,14 +75,19 @@ def _libc() -> Any:
     return libc
 
 
+@functools.cache
+def _capsule_pointer() -> Any:
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(("PyCapsule_GetPointer",
+                                                                                 ctypes.pythonapi))
+    return get
+
+
 def _host_buffer(variable: tf.Variable) -> tuple[int, int] | None:
     """(address, bytes) of the buffer a read of `variable` shares, or None when it is not in host
     memory. Read from the DLPack capsule of the read (`DLManagedTensor`: the data pointer first,
     the device type next, the byte offset at byte 40)."""
     capsule = tf.experimental.dlpack.to_dlpack(variable.value())
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    tensor = get(capsule, b"dltensor")
+    tensor = _capsule_pointer()(capsule, b"dltensor")
     data = ctypes.c_void_p.from_address(tensor).value or 0
     device = ctypes.c_int32.from_address(tensor + 8).value
     offset = ctypes.c_uint64.from_address(tensor + 40).value

@@ -52,15 +52,9 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import (
-    all_gather,
-    in_shape_trace,
-    inserting,
-    local_components,
-    read_rows,
-    vectors_of,
-)
+from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
+from sok_tutorial.embedding.table_ahead import RowsAhead
 from sok_tutorial.embedding.table_rows import RowsByKey
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
@@ -100,11 +94,8 @@ def tables_of(model: Any) -> list[EmbeddingTable]:
     return list({id(t): t for t in found}.values())
 
 
-_AHEAD_SAMPLE = 1024  # keys `rows_ahead` looks up first, to see whether nearly all have rows
-
-
 @keras.saving.register_keras_serializable(package="sok_tutorial")
-class EmbeddingTable(RowsByKey, keras.layers.Layer):
+class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
     """An embedding table: int keys (any shape) -> vectors (``keys.shape + [dim]``).
 
     Args:
@@ -367,53 +358,6 @@ class EmbeddingTable(RowsByKey, keras.layers.Layer):
             rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
         vectors = vectors_of(self.variable.value, rows, found, position, pairs)
         return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
-
-    @property
-    def takes_rows_ahead(self) -> bool:
-        """Whether rows looked up in the input pipeline (`rows_ahead`) can spare this table its index
-        lookups: a built dynamic table held whole by one copy, without a policy, admission or change
-        tracking (whose rows never move while it trains)."""
-        return self.built and self.indexed and not self.lifecycle.active and \
-            len(local_components(self._slot_rows)) == 1
-
-    def rows_ahead(self, ready: UniqueKeys) -> UniqueKeys:
-        """`ready` with the rows this table's index holds for its distinct keys now (-1: none), read
-        only: for the input pipeline (`sok_tutorial.embedding.lookup_ahead`), ahead of the step. A
-        table that cannot use them (`takes_rows_ahead`) gets `ready` back as it was."""
-        if not self.takes_rows_ahead:
-            return ready
-        index, unique = self.index_variables(), ready.unique
-        # While many keys are new (a table filling up), rows found ahead save little, and reading the
-        # index then makes the step's writes to it wait: only if 9 in 10 of a sample have rows (else -1s).
-        sample, _ = key_index.lookup(index, unique[:_AHEAD_SAMPLE])
-        known = 10 * tf.math.count_nonzero(sample >= 0) >= 9 * tf.size(sample, tf.int64)
-        rows = tf.cond(known & (tf.size(unique) > 0), lambda: key_index.lookup(index, unique)[0],
-                       lambda: tf.fill(tf.shape(unique), tf.constant(-1, tf.int64)))
-        return UniqueKeys(unique, ready.position, ready.pairs, rows)
-
-    def _rows_checked(self, keys: tf.Tensor, hints: tf.Tensor, insert: bool) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """`rows` of the distinct `keys` given the rows found for them ahead (`hints`, -1: none). A
-        hint stands when its row is in use and holds its key (rows in use hold one key each, so
-        the key's row it is, even if the table was restored since); the other keys, new ones among
-        them, go through the index as usual. Once a table knows its keys, that is one gather."""
-        index = self.index_variables()
-
-        def rows_of(keys: tf.Tensor) -> tf.Tensor:  # (-1: none)
-            rows, found = self.rows(keys, insert=insert)
-            return rows if found is None else tf.where(found, rows, -1)
-
-        def checked() -> tf.Tensor:
-            at = tf.clip_by_value(hints, 0, self.capacity - 1)
-            good = (hints >= 0) & (hints < index.size.read_value()) & tf.equal(read_rows(index.row_keys, at), keys)
-
-            def the_others() -> tf.Tensor:
-                others = tf.where(~good)[:, 0]
-                return tf.tensor_scatter_nd_update(hints, others[:, None], rows_of(tf.gather(keys, others)))
-
-            return tf.cond(tf.reduce_all(good), lambda: tf.identity(hints), the_others)
-
-        rows = tf.cond(tf.reduce_any(hints >= 0), checked, lambda: rows_of(keys))  # (no hints: as without)
-        return (rows, None) if insert else (tf.maximum(rows, 0), rows >= 0)
 
     def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
         """A replicated table that forgets: every replica places the distinct keys of the whole step
