@@ -6,6 +6,7 @@
   `expand` repeats those rows for every key of the batch, and its gradient sums the repeats
   with one sparse matrix product (`sum_by_position`); `vectors_of` puts the two together, with
   zeros for keys that have no row.
+* `distinct` deduplicates a batch's keys, as ``tf.unique`` does, in four parts on large batches.
 * `inserting` decides whether a call gives new keys rows (training) or not (inference).
 * `all_gather` is ``ReplicaContext.all_gather`` that also survives every replica sending
   nothing; `local_components` are the per-device variables behind a mirrored one.
@@ -40,6 +41,58 @@ class UniqueRowsGradient(tf.IndexedSlices):
     def __init__(self, values: Any, indices: Any, dense_shape: Any = None, read: tf.Tensor | None = None):
         super().__init__(values, indices, dense_shape)
         self.read = read
+
+
+_PARTS = 4  # hash maps `distinct` builds on a large batch
+PARTS_FROM = 1 << 16  # keys from which it does; below, one tf.unique is as fast
+_MIX = 0x9E3779B97F4A7C15
+
+
+def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, tf.Tensor]:
+    """(distinct `keys`, int32 position of each key among them): ``tf.unique(keys, out_idx=tf.int32)``
+    of 1-D integer `keys`, except that from `parts_from` keys on the distinct keys come grouped by
+    four parts of the key space (first sight order within each part).
+
+    ``tf.unique`` fills one hash map on one core; at the ~200k keys of a large recommender batch
+    its map outgrows the core's cache, and it becomes the largest single op of a table's step.
+    Split by the top bits of a multiplicative hash of the key (so that any pattern of keys
+    spreads over the parts), four maps of a quarter of the keys each fit, and TensorFlow's
+    inter-op threads build them side by side; one ``dynamic_stitch`` puts the positions back in
+    the batch's order. ``benchmarks/embedding.py`` (``torchrec_shape``) measures the step it is
+    part of; the README has the figures.
+
+    Example:
+        >>> keys = tf.constant([7, 3, 7, 8, 3, 5], tf.int64)
+        >>> unique, position = distinct(keys, parts_from=1)  # (four parts even for six keys)
+        >>> sorted(unique.numpy().tolist()), bool(tf.reduce_all(tf.gather(unique, position) == keys))
+        ([3, 5, 7, 8], True)
+        >>> [k.numpy().tolist() for k in distinct(keys)]  # small batches: exactly tf.unique
+        [[7, 3, 8, 5], [0, 1, 0, 2, 1, 3]]
+    """
+    def one_map() -> tuple[tf.Tensor, tf.Tensor]:
+        unique, position = tf.unique(keys, out_idx=tf.int32)
+        return unique, position
+
+    size = keys.shape.num_elements()
+    if size is not None and size < parts_from:
+        return one_map()
+
+    def in_parts() -> tuple[tf.Tensor, tf.Tensor]:
+        mixed = tf.bitcast(tf.cast(keys, tf.int64), tf.uint64) * tf.constant(_MIX, tf.uint64)
+        part = tf.cast(tf.bitwise.right_shift(mixed, tf.constant(62, tf.uint64)), tf.int32)  # 4 = 2 ** 2 parts
+        pieces = tf.dynamic_partition(keys, part, _PARTS)
+        where = tf.dynamic_partition(tf.range(tf.size(keys)), part, _PARTS)
+        uniques, positions, offset = [], [], tf.constant(0, tf.int32)
+        for piece in pieces:
+            unique, position = tf.unique(piece, out_idx=tf.int32)
+            uniques.append(unique)
+            positions.append(position + offset)
+            offset += tf.size(unique)
+        return tf.concat(uniques, 0), tf.dynamic_stitch(where, positions)
+
+    if size is not None:
+        return in_parts()
+    return tf.cond(tf.size(keys) >= parts_from, in_parts, one_map)
 
 
 def in_shape_trace(variable: Any) -> bool:

@@ -72,7 +72,7 @@ from kernels import checks
 from sok_tutorial.embedding import layouts
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values_tf
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import distinct, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.placement import EXCHANGES
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup
@@ -228,7 +228,7 @@ class ShardedTable(ShardedRows, EmbeddingTable):
                       component: int | None = None) -> tf.Tensor:
         """This replica's slices of the vectors of `keys` (with repeats) of its row group (`component`:
         a local replica, outside ``strategy.run``): deduplicated, looked up, repeated."""
-        unique, position = tf.unique(keys, out_idx=tf.int32)
+        unique, position = distinct(keys)
         unique_slots = None if slots is None else tf.math.unsorted_segment_max(
             slots, position, tf.size(unique))  # a key's slots agree (slots use disjoint keys)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \

@@ -52,7 +52,7 @@ from sok_tutorial.embedding.initializers import (
     keyed_initial_values_tf,
 )
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import all_gather, distinct, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
 from sok_tutorial.embedding.table_ahead import RowsAhead
 from sok_tutorial.embedding.table_rows import RowsByKey
@@ -345,7 +345,7 @@ class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
         if ready:
             unique, position = keys.unique, tf.reshape(keys.position, [-1])
         else:
-            unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+            unique, position = distinct(tf.reshape(keys, [-1]))
         insert = inserting(training)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
             if insert and self.lifecycle.counts else None

@@ -1,7 +1,8 @@
 """`UniqueKeys`: a batch's keys deduplicated ahead of the training step, in the input pipeline.
 
-A table's lookup starts by deduplicating its keys (``tf.unique``: one hash-map pass on one core,
-a quarter of a static table's step on the TorchRec-shaped workload). Nothing in it depends on
+A table's lookup starts by deduplicating its keys (`sok_tutorial.embedding.ops.distinct`: hash
+maps filled on the step's critical path, the largest single op of a static table's step on the
+TorchRec-shaped workload). Nothing in it depends on
 the table, so a ``tf.data`` pipeline can do it for the next batch while the step trains on this
 one, on the core the step leaves idle::
 
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 import tensorflow as tf
+
+from sok_tutorial.embedding.ops import distinct
 
 
 class UniqueKeys(tf.experimental.ExtensionType):
@@ -88,7 +91,7 @@ def unique_keys(keys: Any, *rest: Any) -> Any:
     keys = tf.convert_to_tensor(keys)
     if not keys.dtype.is_integer:
         raise TypeError(f"keys must be integers (int64 or int32), got {keys.dtype.name}")
-    unique, position = tf.unique(tf.reshape(keys, [-1]), out_idx=tf.int32)
+    unique, position = distinct(tf.reshape(keys, [-1]))
     pairs = tf.stack([tf.range(tf.size(position, tf.int64)), tf.cast(position, tf.int64)], 1)
     ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)), pairs)
     return (ready, *rest) if rest else ready

@@ -10,6 +10,7 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import EmbeddingTable, UniqueKeys, lookup_ahead, unique_keys  # noqa: E402
+from sok_tutorial.embedding.ops import PARTS_FROM, distinct  # noqa: E402
 
 ROWS, DIM, SLOTS, BATCH = 50, 4, 3, 16
 
@@ -57,6 +58,63 @@ def test_keys_deduplicated_by_the_pipeline_train_the_same_table(optimizer, dynam
     np.testing.assert_allclose(deduped_out, plain_out, rtol=1e-6)
     np.testing.assert_allclose(deduped, plain, rtol=1e-6, atol=1e-7)
     assert not np.allclose(plain, layer().embedding_variable.numpy())  # it trained
+
+
+def _keys_like(pattern: str) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    if pattern == "empty":
+        return np.zeros(0, np.int64)
+    if pattern == "int32":
+        pool = rng.integers(-2**31, 2**31 - 1, 700).astype(np.int32)
+    else:
+        pool = rng.integers(-2**62, 2**62, 700)
+        pool = {"random": pool, "multiples_of_4": pool * 4,
+                "extremes": np.r_[pool, -2**63, 2**63 - 1, 0, -1]}[pattern]
+    return rng.choice(pool, 3000)  # repeats
+
+
+@pytest.mark.parametrize("pattern", ["random", "multiples_of_4", "int32", "extremes", "empty"])
+@pytest.mark.parametrize("shape", ["static", "unknown"])
+def test_distinct_in_parts_gives_each_key_its_place_among_the_distinct_keys(pattern, shape):
+    keys = _keys_like(pattern)
+    if shape == "static":  # four parts from the first key on
+        unique, position = distinct(tf.constant(keys), parts_from=1)
+    else:  # the size is known only when the function runs: parts from 1,000 keys on (3,000 here)
+        run = tf.function(lambda k: distinct(k, parts_from=1000), input_signature=[tf.TensorSpec([None], keys.dtype)])
+        unique, position = run(tf.constant(keys))
+    assert unique.dtype == keys.dtype and position.dtype == tf.int32
+    np.testing.assert_array_equal(np.sort(unique.numpy()), np.unique(keys))  # each key once
+    np.testing.assert_array_equal(tf.gather(unique, position).numpy(), keys)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_batch_deduplicated_in_parts_trains_a_table_as_its_numpy_reference(dynamic):
+    rng = np.random.default_rng(2)
+    capacity, rate = 6000, 0.5
+    keys = (rng.zipf(1.2, (PARTS_FROM // 4, 4)) % capacity).astype(np.int64)  # PARTS_FROM keys: in parts
+    if dynamic:
+        keys = keys * 7919 - 10**9
+    weights = rng.normal(size=(*keys.shape, DIM)).astype(np.float32)
+    table = EmbeddingTable(capacity, DIM, dynamic=dynamic)
+    table.build()
+    before = dict(zip(keys.ravel().tolist(), (table.initial_values(keys.ravel()) if dynamic else
+                                              table.variable.numpy()[keys.ravel()])))
+    with tf.GradientTape() as tape:
+        vectors = table(tf.constant(keys), training=True)
+        loss = tf.reduce_sum(vectors * weights)
+    sok.optimizers.SGD(rate).apply(tape.gradient(loss, [table.variable]), [table.variable])
+    np.testing.assert_array_equal(vectors.numpy(), np.array([before[k] for k in keys.ravel()]).reshape(vectors.shape))
+    expected = {k: v.copy() for k, v in before.items()}
+    for k, w in zip(keys.ravel().tolist(), weights.reshape(-1, DIM)):
+        expected[k] -= rate * w
+    if dynamic:
+        out = table.export()
+        assert sorted(out["keys"].tolist()) == sorted(expected)
+        got = dict(zip(out["keys"].tolist(), out["vectors"]))
+    else:
+        got = {k: table.variable.numpy()[k] for k in expected}
+    for k, v in expected.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-5)
 
 
 def test_bags_of_several_keys_and_the_dense_layer_take_deduplicated_keys():

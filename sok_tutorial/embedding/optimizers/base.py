@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import huge_pages, precision
-from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, sum_by_position
+from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, distinct, read_rows, sum_by_position
 from sok_tutorial.embedding.table import table_of
 
 
@@ -46,7 +46,7 @@ def touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tenso
     """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
     if isinstance(gradient, UniqueRowsGradient):
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
-    rows, position = tf.unique(tf.cast(gradient.indices, tf.int64), out_idx=tf.int32)
+    rows, position = distinct(tf.cast(gradient.indices, tf.int64))
     return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
 
 
