@@ -196,13 +196,35 @@ def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> li
 def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
                     pairs: tf.Tensor | None = None) -> tf.Tensor:
     """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``.
-    `pairs`: the product's indices ``(k, position[k])`` ``[K, 2]`` int64, if made ahead (`UniqueKeys`)."""
+    `pairs`: the product's indices ``(k, position[k])`` ``[K, 2]`` int64, if made ahead (`UniqueKeys`).
+
+    One sparse matrix product; from `PARTS_FROM` rows on, two, each over half of the rows, which
+    the inter-op threads run side by side (TensorFlow's CPU kernel of the product runs on one
+    core), and one sum of the two.
+
+    Example:
+        >>> sum_by_position(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([1, 0, 1]), 2).numpy().tolist()
+        [[2.0], [5.0]]
+    """
     k = tf.shape(position, out_type=tf.int64)[0]
     flat = tf.reshape(values, tf.stack([k, -1]))
     if pairs is None:
         pairs = tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1)
-    pick = tf.SparseTensor(pairs, tf.ones([k], values.dtype), tf.stack([k, tf.cast(count, tf.int64)]))
-    out = tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
+    shape = tf.stack([k, tf.cast(count, tf.int64)])
+
+    def product(these: tf.Tensor) -> tf.Tensor:  # the rows of `these` pairs (their k index `flat`)
+        pick = tf.SparseTensor(these, tf.ones(tf.shape(these)[:1], values.dtype), shape)
+        return tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
+
+    def halves() -> tf.Tensor:
+        half = k // 2
+        return product(pairs[:half]) + product(pairs[half:])
+
+    size = position.shape.num_elements()
+    if size is None:
+        out = tf.cond(k >= PARTS_FROM, halves, lambda: product(pairs))
+    else:
+        out = halves() if size >= PARTS_FROM else product(pairs)
     return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
 
 
