@@ -44,7 +44,7 @@ class UniqueRowsGradient(tf.IndexedSlices):
 
 
 _PARTS = 4  # hash maps `distinct` builds on a large batch
-PARTS_FROM = 1 << 16  # keys from which it does; below, one tf.unique is as fast
+PARTS_FROM = 1 << 15  # keys from which it does; below, one tf.unique is as fast
 _MIX = 0x9E3779B97F4A7C15
 
 
