@@ -88,7 +88,9 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, 
             uniques.append(unique)
             positions.append(position + offset)
             offset += tf.size(unique)
-        return tf.concat(uniques, 0), tf.dynamic_stitch(where, positions)
+        position = tf.dynamic_stitch(where, positions)
+        position.set_shape(keys.shape)  # (a stitch's length is not known while tracing; it is the keys')
+        return tf.concat(uniques, 0), position
 
     if size is not None:
         return in_parts()
