@@ -2,9 +2,8 @@
 
 A table's lookup starts by deduplicating its keys (`sok_tutorial.embedding.ops.distinct`: hash
 maps filled on the step's critical path, the largest single op of a static table's step on the
-TorchRec-shaped workload). Nothing in it depends on
-the table, so a ``tf.data`` pipeline can do it for the next batch while the step trains on this
-one, on the core the step leaves idle::
+TorchRec-shaped workload). Nothing in it depends on the table, so a ``tf.data`` pipeline can do
+it for the next batch while the step trains on this one, on a core the step leaves idle::
 
     keys [batch, slots] --unique_keys--> UniqueKeys(unique [U], position [batch, slots])
                                           keys == tf.gather(unique, position)
