@@ -46,7 +46,7 @@ pipeline (``ours_pipeline``: ``dataset.map(model.deduplicate)``), and with ``--t
 (``bench_torchrec_dlrm.py``: DistributedModelParallel and a FusedEmbeddingBagCollection) on the
 same batches, interleaved; samples/s, cores busy, ratios (goal 2x); ``embedding_dlrm.json``.
 
-JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape, index),
+JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape), ``embedding_index.json`` (index),
 ``embedding_eviction.json`` (eviction), ``embedding_memory.json`` (memory).
 
 Group ``precision`` (``benchmarks/_precision.py``): the torchrec_shape workload in float32,
@@ -316,23 +316,23 @@ def main() -> None:
             if args.torchrec and "torchrec_shape" in groups:
                 for name, sps in run_peer(args.torchrec, args.peers, args.hugepages).items():
                     peers.setdefault(name, []).append(sps)
-        rows, notes = [], {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " "),
-                           "huge_pages": bool(args.hugepages)}
-        if "torchrec_shape" in groups:
-            profiles = {f"{kind}_{o}": run(f"torchrec_shape:{kind}:{o}:profile", 0, steps, "")["profile_ms"]
-                        for o in ("sgd", "lazyadam") for kind in ("static", "dynamic")}
-            rows, more = tables_report(results, peers, profiles)
-            notes.update(more)
-        if "index" in groups:
+        notes = {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " "), "huge_pages": bool(args.hugepages)}
+        if "index" in groups:  # (a file of its own: running one group never overwrites the other's figures)
             runs = results["index:reduce"]
-            rows.append({"case": "reduce", **{k: round(_bench.median([r[k] for r in runs]), 2) for k in runs[0]}})
+            rows = [{"case": "reduce", **{k: round(_bench.median([r[k] for r in runs]), 2) for k in runs[0]}}]
             for kind in _tables.INDEXES[:-1]:
                 runs = results[f"index:{kind}"]
                 rows.append({"case": "index", "table": kind,
                              "lookup_insert_ms": round(_bench.median([r["lookup_insert_ms"] for r in runs]), 2),
                              "lookup_ms": round(_bench.median([r["lookup_ms"] for r in runs]), 2),
                              "distinct_keys_per_step": round(runs[0]["distinct_keys_per_step"])})
-        _bench.report("embedding_tables", rows, args.out, notes=notes)
+            _bench.report("embedding_index", rows, args.out, notes=dict(notes))
+        if "torchrec_shape" in groups:
+            profiles = {f"{kind}_{o}": run(f"torchrec_shape:{kind}:{o}:profile", 0, steps, "")["profile_ms"]
+                        for o in ("sgd", "lazyadam") for kind in ("static", "dynamic")}
+            rows, more = tables_report(results, peers, profiles)
+            notes.update(more)
+            _bench.report("embedding_tables", rows, args.out, notes=notes)
         for name, g in notes.get("goals", {}).items():
             print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
         for name, ops in notes.get("profiles_ms_per_step", {}).items():
