@@ -45,7 +45,15 @@ class UniqueRowsGradient(tf.IndexedSlices):
 
 _PARTS = 4  # hash maps `distinct` builds on a large batch
 PARTS_FROM = 1 << 15  # keys from which it does; below, one tf.unique is as fast
-_MIX = 0x9E3779B97F4A7C15
+_MIX = 0x9E3779B97F4A7C15  # the multiplier of `sok_tutorial.embedding.index.home_slots`
+
+
+def _by_size(known: int | None, size: tf.Tensor, least: int, large: Any, small: Any) -> Any:
+    """``large()`` from `least` elements on, else ``small()``: chosen while tracing when the size is
+    `known`, else by a ``tf.cond`` on `size`."""
+    if known is None:
+        return tf.cond(size >= least, large, small)
+    return large() if known >= least else small()
 
 
 def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, tf.Tensor]:
@@ -70,12 +78,7 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, 
         [[7, 3, 8, 5], [0, 1, 0, 2, 1, 3]]
     """
     def one_map() -> tuple[tf.Tensor, tf.Tensor]:
-        unique, position = tf.unique(keys, out_idx=tf.int32)
-        return unique, position
-
-    size = keys.shape.num_elements()
-    if size is not None and size < parts_from:
-        return one_map()
+        return tuple(tf.unique(keys, out_idx=tf.int32))  # (a tuple, as in_parts returns, for tf.cond)
 
     def in_parts() -> tuple[tf.Tensor, tf.Tensor]:
         mixed = tf.bitcast(tf.cast(keys, tf.int64), tf.uint64) * tf.constant(_MIX, tf.uint64)
@@ -92,9 +95,7 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, 
         position.set_shape(keys.shape)  # (a stitch's length is not known while tracing; it is the keys')
         return tf.concat(uniques, 0), position
 
-    if size is not None:
-        return in_parts()
-    return tf.cond(tf.size(keys) >= parts_from, in_parts, one_map)
+    return _by_size(keys.shape.num_elements(), tf.size(keys), parts_from, in_parts, one_map)
 
 
 def in_shape_trace(variable: Any) -> bool:
@@ -222,11 +223,7 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
         half = k // 2
         return product(pairs[:half]) + product(pairs[half:])
 
-    size = position.shape.num_elements()
-    if size is None:
-        out = tf.cond(k >= PARTS_FROM, halves, lambda: product(pairs))
-    else:
-        out = halves() if size >= PARTS_FROM else product(pairs)
+    out = _by_size(position.shape.num_elements(), k, PARTS_FROM, halves, lambda: product(pairs))
     return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
 
 
