@@ -355,17 +355,20 @@ def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor) -> tuple[tf.Tensor,
     group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as `tf.unique` does).
 
     In rounds, each settling the first pending element of every group: as many rounds as the
-    largest group, and work in proportion to the elements still pending (no sort)."""
+    largest group, and work in proportion to the elements still pending (no sort); an element's
+    rank is the number of rounds it waited, counted once at the end."""
     n = tf.size(groups)
     first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
 
-    def body(pending: tf.Tensor, rank: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def body(pending: tf.Tensor, passed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         group = tf.gather(groups, pending)
         later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
             pending, group, num_groups), group), pending))
-        return later, updated(rank, later, tf.gather(rank, later) + 1)
+        return later, tf.concat([passed, later], 0)
 
-    later = tf.not_equal(tf.gather(first, groups), tf.range(n))
-    start, rank = tf.boolean_mask(tf.range(n), later), tf.cast(later, tf.int32)
-    return tf.while_loop(lambda pending, _: tf.size(pending) > 0, body, [start, rank],
-                         shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None])])[1], first
+    start = tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0]
+    start = tf.cast(start, tf.int32)
+    passed = tf.while_loop(lambda pending, _: tf.size(pending) > 0, body, [start, start],
+                           shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None])])[1]
+    # an element's rank: the rounds it was still behind another of its group in
+    return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle
-from sok_tutorial.embedding.buckets import bucket_of_np
+from sok_tutorial.embedding.buckets import _rank_in_group, bucket_of_np
 
 
 class Reference:
@@ -100,6 +100,17 @@ def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity,
     assert len(ref.evicted) > 100  # the stream really forced evictions
     np.testing.assert_array_equal(lifecycle.evicted_since(table, 0)[:len(ref.evicted)], ref.evicted)
     assert table.unplaced == ref.unplaced
+
+
+@pytest.mark.parametrize("groups", [[], [7], [1, 0, 1, 1], [5] * 20,
+                                    np.random.default_rng(0).integers(0, 40, 500).tolist()])
+def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups):
+    """The rank that orders several new keys of one bucket: earlier keys of the same bucket."""
+    distinct, ids = tf.unique(tf.constant(groups, tf.int32), out_idx=tf.int32)
+    rank, first = _rank_in_group(ids, tf.size(distinct))
+    ids = ids.numpy()
+    assert rank.numpy().tolist() == [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
+    assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
 
 
 def test_capacity_is_rounded_up_to_whole_buckets_and_the_index_is_12_bytes_a_row():
