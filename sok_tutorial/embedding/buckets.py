@@ -250,7 +250,7 @@ class BucketedIndex:
             top = self.mark_dtype.max
         score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
-        rank, first = _rank_in_group(group, tf.size(buckets))
+        rank, first = _rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
         position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
         later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
         order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
@@ -350,25 +350,27 @@ def _position(match: tf.Tensor) -> tf.Tensor:
     return tf.where(value != 0, word * 8 + byte, -1)
 
 
-def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(for each element, how many earlier elements share its group; the first element of each
-    group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as `tf.unique` does).
+def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(for each element, how many earlier elements share its group, at most `limit`; the first
+    element of each group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as
+    `tf.unique` does).
 
     In rounds, each settling the first pending element of every group: as many rounds as the
-    largest group, and work in proportion to the elements still pending (no sort); an element's
-    rank is the number of rounds it waited, counted once at the end."""
+    largest group (or `limit`), and work in proportion to the elements still pending (no sort); an
+    element's rank is the number of rounds it waited, counted once at the end."""
     n = tf.size(groups)
     first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
 
-    def body(pending: tf.Tensor, passed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         group = tf.gather(groups, pending)
         later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
             pending, group, num_groups), group), pending))
-        return later, tf.concat([passed, later], 0)
+        return later, tf.concat([passed, later], 0), rounds + 1
 
-    start = tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0]
-    start = tf.cast(start, tf.int32)
-    passed = tf.while_loop(lambda pending, _: tf.size(pending) > 0, body, [start, start],
-                           shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None])])[1]
+    start = tf.cast(tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0], tf.int32)
+    last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
+    passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
+                           [start, start, tf.constant(0, n.dtype)],
+                           shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])])[1]
     # an element's rank: the rounds it was still behind another of its group in
     return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first

@@ -102,14 +102,17 @@ def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity,
     assert table.unplaced == ref.unplaced
 
 
+@pytest.mark.parametrize("limit", [None, 1, 3])
 @pytest.mark.parametrize("groups", [[], [7], [1, 0, 1, 1], [5] * 20,
                                     np.random.default_rng(0).integers(0, 40, 500).tolist()])
-def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups):
-    """The rank that orders several new keys of one bucket: earlier keys of the same bucket."""
+def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
+    """The rank that orders several new keys of one bucket: earlier keys of the same bucket, at
+    most `limit` (a bucket's width: a key ranked there has no slot left)."""
     distinct, ids = tf.unique(tf.constant(groups, tf.int32), out_idx=tf.int32)
-    rank, first = _rank_in_group(ids, tf.size(distinct))
+    rank, first = _rank_in_group(ids, tf.size(distinct), limit=limit)
     ids = ids.numpy()
-    assert rank.numpy().tolist() == [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
+    earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
+    assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
     assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
 
 
