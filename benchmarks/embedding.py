@@ -46,8 +46,9 @@ pipeline (``ours_pipeline``: ``dataset.map(model.deduplicate)``), and with ``--t
 (``bench_torchrec_dlrm.py``: DistributedModelParallel and a FusedEmbeddingBagCollection) on the
 same batches, interleaved; samples/s, cores busy, ratios (goal 2x); ``embedding_dlrm.json``.
 
-JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape), ``embedding_index.json`` (index),
-``embedding_eviction.json`` (eviction), ``embedding_memory.json`` (memory).
+JSON: ``embedding.json`` (sok_vs_keras), ``embedding_tables.json`` (torchrec_shape),
+``embedding_index.json`` (index), ``embedding_eviction.json`` (eviction), ``embedding_memory.json``
+(memory).
 
 Group ``precision`` (``benchmarks/_precision.py``): the torchrec_shape workload in float32,
 bfloat16 and float16 tables (``storage_dtype``), SGD and Adam, bytes per row and samples/s side

@@ -34,10 +34,10 @@ checkpoints a second path.
 Rows are handed out in order of first sight (within each of the four parts a large batch is
 deduplicated in, `sok_tutorial.embedding.ops.distinct`), so the rows a step touches sit in the
 front of the table, hot keys first, rather than spread over all of it: gathering and scattering
-them is cheaper than in a static table with the same keys. What a dynamic table costs against a static
-one, once its keys have rows (``dynamic_warm``) and in the first steps, when most of a step's
-keys are new and get rows and initial vectors, is in the ``torchrec_shape`` cases of the same
-benchmark and in the README.
+them is cheaper than in a static table with the same keys. What a dynamic table costs against a
+static one, once its keys have rows (``dynamic_warm``) and in the first steps, when most of a
+step's keys are new and get rows and initial vectors, is in the ``torchrec_shape`` cases of the
+same benchmark and in the README.
 
 On a GPU every op here has a GPU kernel (gathers, scatters, bitwise arithmetic on uint64,
 ``tf.where``). What crosses to the host is the control flow: the size of each
