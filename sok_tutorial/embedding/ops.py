@@ -276,6 +276,65 @@ def updated(values: tf.Tensor, at: tf.Tensor, updates: tf.Tensor) -> tf.Tensor:
     return tf.dynamic_stitch([tf.range(tf.shape(values)[0]), tf.cast(at, tf.int32)], [values, updates])
 
 
+WRITE_PARTS = 2  # scatters `write_rows` splits a write into, which run side by side
+WRITE_PARTS_FROM = 1 << 15  # rows (known while tracing) below which it writes with one
+_WRITERS: dict[tuple[tf.DType, tuple[int, ...]], Any] = {}
+
+
+def _writer(dtype: tf.DType, row_shape: tuple[int, ...]) -> Any:
+    """``writer(handle, rows, values)``: `WRITE_PARTS` scatters of consecutive parts of distinct
+    `rows` into the variable of `handle`, in a function without automatic control dependencies
+    whose control outputs are the scatters (so that none is pruned); made once per dtype and row
+    shape."""
+    key = (dtype, row_shape)
+    if key not in _WRITERS:
+        def scatter(handle: tf.Tensor, rows: tf.Tensor, values: tf.Tensor) -> tf.Tensor:
+            n = tf.shape(rows)[0]
+            cuts = [n * p // WRITE_PARTS for p in range(WRITE_PARTS + 1)]
+            writes = [tf.raw_ops.ResourceScatterUpdate(resource=handle, indices=rows[lo:hi], updates=values[lo:hi])
+                      for lo, hi in zip(cuts, cuts[1:])]
+            with tf.control_dependencies(writes):
+                return tf.identity(n)
+
+        spec = [tf.TensorSpec([], tf.resource), tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None, *row_shape], dtype)]
+        wrapped = tf.compat.v1.wrap_function(scatter, spec)
+        writes = [op for op in wrapped.graph.get_operations() if op.type == "ResourceScatterUpdate"]
+        _WRITERS[key] = wrapped.prune(feeds=wrapped.inputs, fetches=[wrapped.outputs[0], *writes])
+    return _WRITERS[key]
+
+
+def write_rows(variable: Any, rows: tf.Tensor, values: tf.Tensor) -> Any:
+    """``variable[rows] = values`` for distinct `rows`, in `WRITE_PARTS` scatters of disjoint parts
+    that run side by side (one scatter when the rows are known, while tracing, to be fewer than
+    `WRITE_PARTS_FROM`): how an optimizer writes a step's rows and slots back.
+
+    TensorFlow's CPU scatter writes its rows one after another on one core, at the end of every
+    training step, when nothing else is left to run beside it; and inside a ``tf.function``,
+    automatic control dependencies would run two scatters into one variable one after the other.
+    These are made in a function without them (`_writer`), called with the variable's handle, so
+    that the step orders the call as any other use of the variable, and the scatters inside run at
+    once: the kernel takes a shared lock for plain number types, and distinct rows never overlap. A
+    variable without a handle here (a distributed variable outside its replicas) takes its own
+    ``scatter_update``.
+
+    Example:
+        >>> v = tf.Variable(tf.zeros([4, 2]))
+        >>> _ = write_rows(v, tf.constant([3, 0]), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+        >>> v.numpy().tolist()
+        [[3.0, 4.0], [0.0, 0.0], [0.0, 0.0], [1.0, 2.0]]
+    """
+    target = tf_variable(variable)
+    try:
+        handle = target.handle
+    except (AttributeError, ValueError):
+        return target.scatter_update(tf.IndexedSlices(values, rows))
+    known, row_shape = rows.shape.num_elements(), values.shape[1:]
+    if (known is not None and known < WRITE_PARTS_FROM) or not row_shape.is_fully_defined():
+        return target.scatter_update(tf.IndexedSlices(values, rows))
+    return _writer(values.dtype, tuple(row_shape.as_list()))(handle, tf.cast(rows, tf.int64), values)
+
+
 def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
     """``variable[rows]`` for distinct `rows`, its gradient a `UniqueRowsGradient`. Rows stored in
     float16 or bfloat16 come out in float32, and their gradient is float32.

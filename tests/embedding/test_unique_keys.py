@@ -10,7 +10,7 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import EmbeddingTable, UniqueKeys, lookup_ahead, unique_keys  # noqa: E402
-from sok_tutorial.embedding.ops import PARTS_FROM, distinct, sum_by_position  # noqa: E402
+from sok_tutorial.embedding.ops import PARTS_FROM, WRITE_PARTS_FROM, distinct, sum_by_position, write_rows  # noqa: E402
 
 ROWS, DIM, SLOTS, BATCH = 50, 4, 3, 16
 
@@ -105,6 +105,48 @@ def test_sum_by_position_sums_the_rows_of_each_position(rows, how):
         out = sum_by_position(tf.constant(values), tf.constant(position), count, pairs)
     assert out.shape == (count, 2, 3)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, WRITE_PARTS_FROM + 3])
+@pytest.mark.parametrize("how", ["eager", "unknown", "static"])
+@pytest.mark.parametrize("row_shape", [(), (3,)])
+def test_write_rows_writes_exactly_the_given_rows(count, how, row_shape):
+    rng = np.random.default_rng(4)
+    size = 2 * WRITE_PARTS_FROM + 10
+    before = rng.normal(size=(size, *row_shape)).astype(np.float32)
+    rows = rng.choice(size, count, replace=False).astype(np.int64)
+    values = rng.normal(size=(count, *row_shape)).astype(np.float32)
+    variable = tf.Variable(before)
+    if how == "eager":
+        write_rows(variable, tf.constant(rows), tf.constant(values))
+    else:  # in a step that returns nothing of the write, whose rows are known while tracing or not
+        shape = [None] if how == "unknown" else [count]
+
+        spec = [tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape + list(row_shape), tf.float32)]
+
+        @tf.function(input_signature=spec)
+        def step(r, v):
+            write_rows(variable, r, v)
+
+        step(rows, values)
+    expected = before.copy()
+    expected[rows] = values
+    np.testing.assert_array_equal(variable.numpy(), expected)
+
+
+def test_a_step_reads_what_write_rows_wrote_and_writes_before_it_land_first():
+    variable = tf.Variable(tf.zeros([WRITE_PARTS_FROM * 2, 2]))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def step(rows):
+        variable.assign(tf.fill(tf.shape(variable), 5.0))  # before: overwritten where the rows are
+        write_rows(variable, rows, tf.ones([tf.size(rows), 2]) * tf.cast(rows % 7, tf.float32)[:, None])
+        return tf.gather(variable, rows), tf.reduce_sum(variable)  # after: sees every row written
+
+    rows = np.arange(0, WRITE_PARTS_FROM * 2, 3, dtype=np.int64)
+    read, total = step(rows)
+    np.testing.assert_array_equal(read.numpy(), np.repeat(rows[:, None] % 7, 2, 1).astype(np.float32))
+    assert float(total) == 2 * ((rows % 7).sum() + 5 * (WRITE_PARTS_FROM * 2 - len(rows)))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])

@@ -38,7 +38,14 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import huge_pages, precision
-from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, distinct, read_rows, sum_by_position
+from sok_tutorial.embedding.ops import (
+    UniqueRowsGradient,
+    all_gather_slices,
+    distinct,
+    read_rows,
+    sum_by_position,
+    write_rows,
+)
 from sok_tutorial.embedding.table import table_of
 
 
@@ -65,7 +72,8 @@ def gather(slot: Any, rows: tf.Tensor) -> tf.Tensor:
 
 
 def write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> None:
-    """Write rows back, rounded to the variable's type when it is narrower (as its table rounds)."""
+    """Write rows back, rounded to the variable's type when it is narrower (as its table rounds), in
+    scatters that run side by side (`write_rows`)."""
     dtype = tf.as_dtype(variable.dtype)
     if values.dtype != dtype:
         table, stream = table_of(variable), 0
@@ -74,7 +82,7 @@ def write(optimizer: Any, variable: Any, rows: tf.Tensor, values: tf.Tensor) -> 
         stochastic = table is not None and table.precision.stochastic_rounding
         values = precision.narrow(values, dtype, rows, stochastic=stochastic, step=optimizer.iterations,
                                   seed=table.init.seed if stochastic else 0, stream=stream)
-    optimizer.assign(variable, tf.IndexedSlices(values, rows))
+    write_rows(variable, rows, values)
 
 
 def slot_dtype(variable: Any) -> Any:
