@@ -203,27 +203,26 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
 
     One sparse matrix product; from `PARTS_FROM` rows on, two, each over half of the rows, which
     the inter-op threads run side by side (TensorFlow's CPU kernel of the product runs on one
-    core), and one sum of the two.
+    core), and one sum of the two. Each product's int32 indices ``(k, position[k])`` are made
+    from its own half (no ``[K, 2]`` array of the whole batch to build and then slice).
 
     Example:
         >>> sum_by_position(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([1, 0, 1]), 2).numpy().tolist()
         [[2.0], [5.0]]
     """
-    k = tf.shape(position, out_type=tf.int64)[0]
+    k = tf.shape(position)[0]
     flat = tf.reshape(values, tf.stack([k, -1]))
-    if pairs is None:
-        pairs = tf.stack([tf.range(k), tf.cast(position, tf.int64)], 1)
-    shape = tf.stack([k, tf.cast(count, tf.int64)])
+    shape = tf.stack([tf.cast(k, tf.int64), tf.cast(count, tf.int64)])
+    position = tf.cast(position, tf.int32)
 
-    def product(these: tf.Tensor) -> tf.Tensor:  # the rows of `these` pairs (their k index `flat`)
-        pick = tf.SparseTensor(these, tf.ones(tf.shape(these)[:1], values.dtype), shape)
-        return tf.sparse.sparse_dense_matmul(pick, flat, adjoint_a=True)  # (count, prod(rest))
+    def product(lo: Any, hi: Any) -> tf.Tensor:  # the rows [lo, hi) of `flat`, summed by position
+        these = pairs[lo:hi] if pairs is not None else tf.stack([tf.range(lo, hi), position[lo:hi]], 1)  # int32
+        ones = tf.ones(tf.shape(these)[:1], values.dtype)
+        return tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=ones, a_shape=shape, b=flat,
+                                                  adjoint_a=True)  # (count, prod(rest))
 
-    def halves() -> tf.Tensor:
-        half = k // 2
-        return product(pairs[:half]) + product(pairs[half:])
-
-    out = _by_size(position.shape.num_elements(), k, PARTS_FROM, halves, lambda: product(pairs))
+    out = _by_size(position.shape.num_elements(), k, PARTS_FROM, lambda: product(0, k // 2) + product(k // 2, k),
+                   lambda: product(0, k))
     return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
 
 
