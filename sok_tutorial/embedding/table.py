@@ -280,6 +280,15 @@ class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
         with tf.control_dependencies([c for c in checked if c is not None]):
             return tf.identity(keys)
 
+    def _distinct(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """`distinct` of a step's int64 `keys`. A table whose keys are row ids (not indexed) below
+        2**31 checks them and deduplicates them as int32: a hash map of half the width, which
+        ``tf.unique`` fills faster."""
+        if self.indexed or self.capacity > 2**31:
+            return distinct(keys)
+        unique, position = distinct(tf.cast(self._check_range(keys, self.capacity), tf.int32))
+        return tf.cast(unique, tf.int64), position
+
     def _share(self) -> Any:
         """For a table replicated over several replicas: all_gather of each replica's new keys."""
         context = tf.distribute.get_replica_context()
@@ -345,7 +354,7 @@ class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
         if ready:
             unique, position = keys.unique, tf.reshape(keys.position, [-1])
         else:
-            unique, position = distinct(tf.reshape(keys, [-1]))
+            unique, position = self._distinct(tf.reshape(keys, [-1]))
         insert = inserting(training)
         counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
             if insert and self.lifecycle.counts else None

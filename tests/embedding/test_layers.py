@@ -393,6 +393,9 @@ def test_bad_input_is_named():
         dense(tf.constant([[[3], [10]]], tf.int64))
     with pytest.raises(Exception, match="negative key"):
         dense(tf.constant([[[3], [-1]]], tf.int64))
+    for wraps in (2**32 + 3, -(2**32) + 3):  # row 3 once cast to int32 (the table deduplicates row ids so)
+        with pytest.raises(Exception, match="key out of range \\[0, 10\\)"):
+            dense(tf.constant([[[3], [wraps]]], tf.int64), training=True)
     small = sok.All2AllDenseEmbedding(3, 2, slot_num=1, nnz_per_slot=4)
     with pytest.raises(VocabularyExhausted, match="vocabulary exhausted: 4 distinct keys need rows but "
                                                   "max_vocabulary_size_per_gpu=3"):
