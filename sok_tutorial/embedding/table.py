@@ -282,11 +282,13 @@ class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
 
     def _distinct(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`distinct` of a step's int64 `keys`. A table whose keys are row ids (not indexed) below
-        2**31 checks them and deduplicates them as int32: a hash map of half the width, which
-        ``tf.unique`` fills faster."""
-        if self.indexed or self.capacity > 2**31:
+        2**31 deduplicates them as int32: a hash map of half the width, which ``tf.unique`` fills
+        faster. A key outside ``[0, capacity)`` becomes ``capacity`` first (as unsigned, a negative
+        key is larger than any row id), never a row id, so the range check of `rows` still meets it."""
+        if self.indexed or self.capacity >= 2**31:
             return distinct(keys)
-        unique, position = distinct(tf.cast(self._check_range(keys, self.capacity), tf.int32))
+        row_ids = tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64))
+        unique, position = distinct(tf.cast(row_ids, tf.int32))
         return tf.cast(unique, tf.int64), position
 
     def _share(self) -> Any:
