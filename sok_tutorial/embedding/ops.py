@@ -327,9 +327,9 @@ def write_rows(variable: Any, rows: tf.Tensor, values: tf.Tensor) -> Any:
     try:
         handle = target.handle
     except (AttributeError, ValueError):
-        return target.scatter_update(tf.IndexedSlices(values, rows))
+        handle = None
     known, row_shape = rows.shape.num_elements(), values.shape[1:]
-    if (known is not None and known < WRITE_PARTS_FROM) or not row_shape.is_fully_defined():
+    if handle is None or (known is not None and known < WRITE_PARTS_FROM) or not row_shape.is_fully_defined():
         return target.scatter_update(tf.IndexedSlices(values, rows))
     return _writer(values.dtype, tuple(row_shape.as_list()))(handle, tf.cast(rows, tf.int64), values)
 

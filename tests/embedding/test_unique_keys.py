@@ -121,7 +121,6 @@ def test_write_rows_writes_exactly_the_given_rows(count, how, row_shape):
         write_rows(variable, tf.constant(rows), tf.constant(values))
     else:  # in a step that returns nothing of the write, whose rows are known while tracing or not
         shape = [None] if how == "unknown" else [count]
-
         spec = [tf.TensorSpec(shape, tf.int64), tf.TensorSpec(shape + list(row_shape), tf.float32)]
 
         @tf.function(input_signature=spec)
