@@ -8,7 +8,8 @@ gives a key a row on first sight). The SOK layers flatten keys, ask their table 
 combine them; sharding is `sok_tutorial.embedding.sharding.ShardedTable`, the same object split
 over replicas; checkpoints, export, summaries and the training cache use the public methods
 below and, for rows by key (export, check, restore, read, write), those of
-`sok_tutorial.embedding.table_rows.RowsByKey`. `tables_of` finds a model's tables, `table_of`
+`sok_tutorial.embedding.table_rows.RowsByKey`; the lookup itself is
+`sok_tutorial.embedding.table_lookup.KeysToVectors`. `tables_of` finds a model's tables, `table_of`
 the table owning a variable (how the sparse optimizers recognise tables).
 
 A lookup, in TensorFlow ops (no Python in the graph)::
@@ -45,18 +46,13 @@ import tensorflow as tf
 from kernels import checks
 from sok_tutorial.embedding import huge_pages, lifecycle
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.initializers import (
-    KeyedInitializer,
-    init_spec,
-    keyed_initial_values,
-    keyed_initial_values_tf,
-)
+from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec, keyed_initial_values
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import all_gather, distinct, in_shape_trace, inserting, local_components, vectors_of
-from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision, compute_dtype
+from sok_tutorial.embedding.ops import in_shape_trace, local_components
+from sok_tutorial.embedding.precision import DenseOptimizerGuard, Precision
 from sok_tutorial.embedding.table_ahead import RowsAhead
+from sok_tutorial.embedding.table_lookup import KeysToVectors
 from sok_tutorial.embedding.table_rows import RowsByKey
-from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
 _OWNER = "_sok_tutorial_table"  # set on a table's variable objects: a weak reference to the table
 
@@ -95,7 +91,7 @@ def tables_of(model: Any) -> list[EmbeddingTable]:
 
 
 @keras.saving.register_keras_serializable(package="sok_tutorial")
-class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
+class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
     """An embedding table: int keys (any shape) -> vectors (``keys.shape + [dim]``).
 
     Args:
@@ -260,128 +256,6 @@ class EmbeddingTable(RowsByKey, RowsAhead, keras.layers.Layer):
     def initial_values(self, keys: Any) -> np.ndarray:
         """The key-seeded initial vectors of `keys` ``[n, dim]`` (NumPy)."""
         return keyed_initial_values(keys, self.dim, self.init)
-
-    # ------------------------------------------------------------------ keys -> vectors
-    def _keys(self, keys: Any) -> tf.Tensor:
-        dtype = getattr(keys, "dtype", None)
-        if dtype is None or not tf.as_dtype(dtype).is_integer:
-            raise TypeError(f"{self.name}: keys must be integers (int64 or int32), got {dtype}")
-        return tf.cast(keys, tf.int64)
-
-    def _check_range(self, keys: tf.Tensor, rows: int) -> tf.Tensor:
-        """`keys`, once checked to be row ids in ``[0, rows)``: in a graph, whatever reads the table
-        with them waits for the checks, so a bad key gets this message, not the gather's."""
-        # one pass: as unsigned, a negative key is larger than any row id (an empty batch's max is 0)
-        largest = tf.reduce_max(tf.bitcast(keys, tf.uint64))
-        checked = [tf.debugging.assert_less(largest, tf.constant(rows, tf.uint64),
-                                            message=f"{self.name}: negative key or key out of range [0, {rows}); "
-                                                    "keys are row ids (use_hashtable=False, "
-                                                    "max_vocabulary_size_per_gpu)")]
-        with tf.control_dependencies([c for c in checked if c is not None]):
-            return tf.identity(keys)
-
-    def _distinct(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """`distinct` of a step's int64 `keys`. A table whose keys are row ids (not indexed) below
-        2**31 deduplicates them as int32: a hash map of half the width, which ``tf.unique`` fills
-        faster. A key outside ``[0, capacity)`` becomes ``capacity`` first (as unsigned, a negative
-        key is larger than any row id), never a row id, so the range check of `rows` still meets it."""
-        if self.indexed or self.capacity >= 2**31:
-            return distinct(keys)
-        row_ids = tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64))
-        unique, position = distinct(tf.cast(row_ids, tf.int32))
-        return tf.cast(unique, tf.int64), position
-
-    def _share(self) -> Any:
-        """For a table replicated over several replicas: all_gather of each replica's new keys."""
-        context = tf.distribute.get_replica_context()
-        if context is None or context.num_replicas_in_sync == 1:
-            return None
-        return lambda keys: all_gather(context, keys)
-
-    def rows(self, keys: tf.Tensor, insert: bool, component: int | None = None, share: Any = None,
-             counts: tf.Tensor | None = None, admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """(rows of distinct int64 `keys`, mask of keys that have one or None when all do).
-
-        With `insert`, a dynamic table gives new keys rows (those its admission lets in: `counts`
-        are their occurrences in the batch) and writes their initial vectors.
-        """
-        life = self.lifecycle
-        state = self.state if component is None else self.state.local(component)
-        if not self.indexed:
-            keys = self._check_range(keys, self.capacity)
-            if insert and life.track_changes:
-                with tf.control_dependencies(state.touch(keys, state.tick())):
-                    keys = tf.identity(keys)
-            return keys, None
-        if not insert:
-            if life.evicts:
-                rows = state.buckets.lookup(keys, state.now())  # expiry: against the time now
-            else:
-                rows, _ = key_index.lookup(self.index_variables(component), keys)
-            return tf.maximum(rows, 0), rows >= 0
-        found = None
-        if life.active and share is not None:  # (`lookup` places the keys of every replica instead)
-            raise ValueError(f"{self.name}: a replicated table with eviction_policy, admission or track_changes "
-                             "places the keys of every replica at once; look it up through `lookup`")
-        if life.evicts:
-            rows, found, new_keys, new_rows = state.place_bucketed(keys, counts, admission=admission)
-        elif life.active:
-            rows, found, new_keys, new_rows = state.place_open(self.index_variables(component), keys, counts,
-                                                               admission=admission)
-        else:
-            index = self.index_variables(component)
-            rows, new_keys, new_rows = key_index.lookup_or_insert(index, keys, self.capacity, self.name, share)
-        variable = self.variable.value if component is None else local_components(self.variable)[component]
-        initial = tf.cast(self._initial_vectors(new_keys, component), variable.dtype)  # to nearest
-        variable.scatter_update(tf.IndexedSlices(initial, new_rows))
-        return rows, found
-
-    def _initial_vectors(self, keys: tf.Tensor, component: int | None) -> tf.Tensor:
-        """What the rows of new `keys` start from in this replica's variable (a column-sharded
-        table: its columns of the key-seeded vectors)."""
-        return keyed_initial_values_tf(keys, self.dim, self.init)
-
-    def lookup(self, keys: Any, training: Any = None, slots: Any = None) -> tf.Tensor:
-        """Vectors of `keys` (any shape, or a `UniqueKeys` deduplicated ahead): ``keys.shape + [dim]``,
-        float32. New keys get rows in training calls (`inserting`). (`slots`, each key's slot,
-        matters to table-wise sharded tables only.)"""
-        ready = isinstance(keys, UniqueKeys)  # deduplicated ahead, in the input pipeline
-        keys = keys if ready else self._keys(keys)  # (UniqueKeys: int64 already)
-        if not self.built:
-            self.build()
-        if in_shape_trace(self.variable):
-            return tf.zeros(tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0), compute_dtype(self.variable.dtype))
-        self._mark_variables()
-        pairs = keys.pairs if ready else None
-        if ready:
-            unique, position = keys.unique, tf.reshape(keys.position, [-1])
-        else:
-            unique, position = self._distinct(tf.reshape(keys, [-1]))
-        insert = inserting(training)
-        counts = tf.math.bincount(position, minlength=tf.size(unique), dtype=tf.int64) \
-            if insert and self.lifecycle.counts else None
-        share = self._share()
-        if share is not None and insert and self.lifecycle.active:
-            rows, found = self._rows_of_every_replica(unique, counts)
-        elif ready and keys.rows is not None and share is None and self.takes_rows_ahead:
-            rows, found = self._rows_checked(unique, keys.rows, insert)
-        else:
-            rows, found = self.rows(unique, insert=insert, share=share, counts=counts)
-        vectors = vectors_of(self.variable.value, rows, found, position, pairs)
-        return tf.reshape(vectors, tf.concat([tf.shape(like_keys(keys)), [self.dim]], 0))
-
-    def _rows_of_every_replica(self, keys: tf.Tensor, counts: tf.Tensor | None) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """A replicated table that forgets: every replica places the distinct keys of the whole step
-        (the union of the replicas' keys in replica order, their counts summed), so every copy takes
-        the same decisions as one device would and the copies stay equal; then each keeps its own."""
-        context = tf.distribute.get_replica_context()
-        sizes = context.all_gather(tf.shape(keys, out_type=tf.int64)[:1], 0)
-        union, where = tf.unique(all_gather(context, keys, sizes), out_idx=tf.int32)
-        total = None if counts is None else tf.math.unsorted_segment_sum(
-            all_gather(context, counts, sizes), where, tf.size(union))
-        rows, found = self.rows(union, insert=True, counts=total)
-        mine = where[tf.reduce_sum(sizes[:context.replica_id_in_sync_group]):][:tf.size(keys)]
-        return tf.gather(rows, mine), None if found is None else tf.gather(found, mine)
 
     def call(self, keys: Any, training: Any = None) -> tf.Tensor:
         return self.lookup(keys, training)
