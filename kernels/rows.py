@@ -1,8 +1,8 @@
 """Row gather/scatter between tables (``[rows, dim]`` arrays), on NumPy or CuPy.
 
 NumPy's ``take`` / fancy assignment / ``add.at`` are the specification; on the GPU the same calls
-run CuPy's own CUDA kernels (``cupyx.scatter_add`` for the atomic adds), so no hand-written
-``.cu`` is needed for a pure memory move.
+run CuPy's own CUDA kernels (``cupy.add.at`` with atomic adds), so no hand-written ``.cu`` is
+needed for a pure memory move.
 
 These move embedding rows (and optimizer slots) between a parameter server and a device table,
 and assemble loader batches. Indices are int64 row numbers; every index is bounds-checked, so a
@@ -52,8 +52,4 @@ def scatter_add_rows(table: Any, rows: Any, values: Any) -> None:
     xp = array_module_of(table)
     rows = xp.asarray(rows, dtype=xp.int64)
     _check(table, rows, "scatter_add_rows")
-    if xp.__name__ == "numpy":
-        xp.add.at(table, rows, values)
-    else:  # CuPy: atomic adds
-        import cupyx
-        cupyx.scatter_add(table, rows, values)
+    xp.add.at(table, rows, values)  # CuPy: atomic adds

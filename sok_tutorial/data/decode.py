@@ -151,8 +151,7 @@ class SegmentDecoder:
 
     def _check_labels(self, values: Any, name: str, path: Path) -> None:
         """Labels are finite and, with a `label_range`, inside it: a NaN label trains to NaN weights."""
-        xp = self.xp if self.device == "gpu" else np
-        finite = xp.isfinite(values)
+        finite = backend.array_module_of(values).isfinite(values)  # host values when decoded by pyarrow
         if not bool(finite.all()):
             raise LoaderError(f"label column {name!r} of {str(path)!r} has {int((~finite).sum())} NaN or infinite "
                               "values in one row group; labels must be finite numbers")

@@ -46,6 +46,9 @@ def _table(path) -> pa.Table:
 
 
 def _core(path, **kw) -> LoaderCore:
+    """A loader over the test dataset, on the host unless `device` is given ("auto" would take a
+    visible GPU, and these tests compare NumPy batches; the GPU path has its own parity test)."""
+    kw.setdefault("device", "cpu")
     kw.setdefault("cat_names", ["row_id", "item"])
     kw.setdefault("cont_names", ["x"])
     return LoaderCore(path, kw.pop("batch_size", 128), ["y"], **kw)
