@@ -123,10 +123,10 @@ def test_fixed_nnz_columns_are_stored_flat_and_read_as_slots(tmp_path):
     with DatasetWriter(tmp_path / "ds", schema) as w:
         w.write({"f": keys.reshape(6, 6), "y": np.zeros(6)})
     assert pq.read_schema(tmp_path / "ds" / "part-00000.parquet").field("f").type == pa.list_(pa.int64())
-    dense = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], sparse_as_dense=True, shuffle=False)
-                 .iterate(lambda b: b, prefetch=1))["f"]
+    dense = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], sparse_as_dense=True, shuffle=False,
+                            device="cpu").iterate(lambda b: b, prefetch=1))["f"]
     np.testing.assert_array_equal(dense, keys)
-    rag = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], shuffle=True, seed=1)
+    rag = next(LoaderCore(tmp_path / "ds", 6, ["y"], list_names=["f"], shuffle=True, seed=1, device="cpu")
                .iterate(lambda b: b, prefetch=1))["f"]
     assert rag.slots == 3 and rag.offsets.tolist() == list(range(0, 37, 2))
     with pytest.raises(ValueError, match="slots=3 x nnz=2 needs 6"):
