@@ -61,9 +61,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updated
+from sok_tutorial.embedding.ops import local_view, mix_keys, mix_keys_np, read_rows, tf_variable, updated
 
-_MIX = 0x9E3779B97F4A7C15  # the multiply-xorshift-multiply of `sok_tutorial.embedding.index.home_slots`
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
 _INT64_MAX = np.iinfo(np.int64).max
@@ -71,22 +70,18 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 def bucket_of(keys: tf.Tensor, num_buckets: int) -> tf.Tensor:
     """Bucket of each int64 key in ``[0, num_buckets)``: the top 32 bits of a 64-bit mix, scaled
-    to the bucket count by a multiply and shift (any count, not only powers of two)."""
-    mix = tf.constant(_MIX, tf.uint64)
-    h = tf.bitcast(keys, tf.uint64) * mix
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))) * mix
-    top = tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))
+    to the bucket count by a multiply and shift (any count, not only powers of two); the mix is the
+    key index's (`mix_keys`)."""
+    top = tf.bitwise.right_shift(mix_keys(keys), tf.constant(32, tf.uint64))
     return tf.bitcast(tf.bitwise.right_shift(top * tf.constant(num_buckets, tf.uint64), tf.constant(32, tf.uint64)),
                       tf.int64)
 
 
 def bucket_of_np(keys: np.ndarray, num_buckets: int) -> np.ndarray:
     """NumPy twin of `bucket_of`."""
-    mix, s32 = np.uint64(_MIX), np.uint64(32)
+    s32 = np.uint64(32)
     with np.errstate(over="ignore"):
-        h = np.asarray(keys, np.int64).view(np.uint64) * mix
-        h = (h ^ (h >> s32)) * mix
-        return (((h >> s32) * np.uint64(num_buckets)) >> s32).astype(np.int64)
+        return (((mix_keys_np(keys) >> s32) * np.uint64(num_buckets)) >> s32).astype(np.int64)
 
 
 @dataclass
@@ -338,7 +333,8 @@ class BucketedIndex:
 
 def _position(match: tf.Tensor) -> tf.Tensor:
     """Where the one True of each row of `match` ``[n, W]`` is, or -1 for none. Eight slots pack into
-    the bytes of one uint64, whose only set byte is the position: ``log256`` of it, exactly."""
+    the bytes of one uint64, whose only set byte (a 1 in byte ``k``) is the position: ``value - 1``
+    then has ``8 k`` bits set."""
     width = int(match.shape[1])
     if width % 8:
         return tf.reduce_max(tf.where(match, tf.range(width, dtype=tf.int64), -1), axis=1)
@@ -346,7 +342,7 @@ def _position(match: tf.Tensor) -> tf.Tensor:
     word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
         tf.zeros(tf.shape(words)[:1], tf.int64)
     value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
-    byte = tf.cast(tf.math.log(tf.cast(value, tf.float64)) * (1 / np.log(256)) + 0.5, tf.int64)
+    byte = tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64) // 8
     return tf.where(value != 0, word * 8 + byte, -1)
 
 

@@ -61,9 +61,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import read_rows
+from sok_tutorial.embedding.ops import mix_keys, read_rows
 
-_MIX = tf.constant(0x9E3779B97F4A7C15, tf.uint64)
 _EMPTY = -1
 
 
@@ -105,10 +104,8 @@ class IndexVariables:
 
 
 def home_slots(keys: tf.Tensor, bits: int) -> tf.Tensor:
-    """Start slot of each key: the top `bits` bits of a multiply-xorshift-multiply mix."""
-    h = tf.bitcast(keys, tf.uint64) * _MIX
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))) * _MIX
-    return tf.bitcast(tf.bitwise.right_shift(h, tf.constant(64 - bits, tf.uint64)), tf.int64)
+    """Start slot of each key: the top `bits` bits of its 64-bit mix (`mix_keys`)."""
+    return tf.bitcast(tf.bitwise.right_shift(mix_keys(keys), tf.constant(64 - bits, tf.uint64)), tf.int64)
 
 
 def _probe(index: IndexVariables, keys: tf.Tensor, slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -45,7 +45,30 @@ class UniqueRowsGradient(tf.IndexedSlices):
 
 _PARTS = 4  # hash maps `distinct` builds on a large batch
 PARTS_FROM = 1 << 15  # keys from which it does; below, one tf.unique is as fast
-_MIX = 0x9E3779B97F4A7C15  # the multiplier of `sok_tutorial.embedding.index.home_slots`
+_MIX = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: the multiplier of `mix_keys` and of `distinct`'s parts
+
+
+def mix_keys(keys: tf.Tensor) -> tf.Tensor:
+    """A 64-bit mix of int64 `keys` (multiply, xor-shift, multiply), uint64: its top bits place a key
+    in the key index's slots (`sok_tutorial.embedding.index.home_slots`) and in the bucketed index's
+    buckets (`sok_tutorial.embedding.buckets.bucket_of`). `mix_keys_np` is its NumPy twin.
+
+    Example:
+        >>> keys = [0, 1, -1, 2**63 - 1]
+        >>> mix_keys(tf.constant(keys, tf.int64)).numpy().tolist() == mix_keys_np(np.array(keys)).tolist()
+        True
+    """
+    mix = tf.constant(_MIX, tf.uint64)
+    h = tf.bitcast(keys, tf.uint64) * mix
+    return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(32, tf.uint64))) * mix
+
+
+def mix_keys_np(keys: Any) -> np.ndarray:
+    """NumPy twin of `mix_keys`."""
+    mix = np.uint64(_MIX)
+    with np.errstate(over="ignore"):
+        h = np.asarray(keys, np.int64).view(np.uint64) * mix
+        return (h ^ (h >> np.uint64(32))) * mix
 
 
 def _by_size(known: int | None, size: tf.Tensor, least: int, large: Any, small: Any) -> Any:

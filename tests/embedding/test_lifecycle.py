@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle
-from sok_tutorial.embedding.buckets import _rank_in_group, bucket_of_np
+from sok_tutorial.embedding.buckets import _position, _rank_in_group, bucket_of_np
 
 
 class Reference:
@@ -114,6 +114,17 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
     assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
+
+
+@pytest.mark.parametrize("width", [2, 4, 8, 16, 32])
+def test_position_finds_the_one_match_of_each_bucket_row(width):
+    """A lookup's slot within its bucket: every position of the row (the last byte of an 8-slot word
+    included) and -1 where no slot matches."""
+    rng = np.random.default_rng(width)
+    where = np.concatenate([np.arange(-1, width), rng.integers(-1, width, 300)])
+    match = np.zeros((len(where), width), bool)
+    match[np.flatnonzero(where >= 0), where[where >= 0]] = True
+    assert _position(tf.constant(match)).numpy().tolist() == where.tolist()
 
 
 def test_capacity_is_rounded_up_to_whole_buckets_and_the_index_is_12_bytes_a_row():
