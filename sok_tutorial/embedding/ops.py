@@ -224,10 +224,13 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
     """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``.
     `pairs`: the product's indices ``(k, position[k])`` ``[K, 2]`` int64, if made ahead (`UniqueKeys`).
 
-    One sparse matrix product; from `PARTS_FROM` rows on, two, each over half of the rows, which
-    the inter-op threads run side by side (TensorFlow's CPU kernel of the product runs on one
-    core), and one sum of the two. Each product's int32 indices ``(k, position[k])`` are made
-    from its own half (no ``[K, 2]`` array of the whole batch to build and then slice).
+    Two sparse matrix products, each over half of the rows, which the inter-op threads run side by
+    side (TensorFlow's CPU kernel of the product runs on one core), and one sum of the two. Each
+    product's int32 indices ``(k, position[k])`` are made from its own half (no ``[K, 2]`` array
+    of the whole batch to build and then slice). Two at any size: a small batch pays one more
+    small product, and a batch sums alike whether its size is known while tracing or not, with no
+    ``tf.cond`` between one product and two (which would put both in every graph whose size is
+    unknown while tracing, a sharded table's optimizer's among them).
 
     Example:
         >>> sum_by_position(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([1, 0, 1]), 2).numpy().tolist()
@@ -244,8 +247,7 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
         return tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=ones, a_shape=shape, b=flat,
                                                   adjoint_a=True)  # (count, prod(rest))
 
-    out = _by_size(position.shape.num_elements(), k, PARTS_FROM, lambda: product(0, k // 2) + product(k // 2, k),
-                   lambda: product(0, k))
+    out = product(0, k // 2) + product(k // 2, k)
     return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
 
 

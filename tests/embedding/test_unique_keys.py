@@ -87,24 +87,25 @@ def test_distinct_in_parts_gives_each_key_its_place_among_the_distinct_keys(patt
     np.testing.assert_array_equal(tf.gather(unique, position).numpy(), keys)
 
 
-@pytest.mark.parametrize("rows", [1000, PARTS_FROM + 1])  # one sparse product; two over halves, one row more
-@pytest.mark.parametrize("how", ["static", "unknown", "pairs"])
-def test_sum_by_position_sums_the_rows_of_each_position(rows, how):
+@pytest.mark.parametrize("rows", [0, 1, 1000, PARTS_FROM + 1])  # two products over halves, one of them empty
+def test_sum_by_position_sums_the_rows_of_each_position_alike_however_traced(rows):
+    """The same sums, to the bit, whether the number of rows is known while tracing or not, and with
+    the product's indices made ahead (`UniqueKeys.pairs`)."""
     rng = np.random.default_rng(3)
     count = 300
     position = rng.integers(0, count, rows).astype(np.int32)
     values = rng.normal(size=(rows, 2, 3)).astype(np.float32)
     expected = np.zeros((count, 2, 3), np.float64)
     np.add.at(expected, position, values)
-    if how == "unknown":
-        run = tf.function(lambda v, p: sum_by_position(v, p, count), input_signature=[
-            tf.TensorSpec([None, 2, 3], tf.float32), tf.TensorSpec([None], tf.int32)])
-        out = run(values, position)
-    else:
-        pairs = tf.constant(np.stack([np.arange(rows), position], 1), tf.int64) if how == "pairs" else None
-        out = sum_by_position(tf.constant(values), tf.constant(position), count, pairs)
-    assert out.shape == (count, 2, 3)
-    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-4)
+    unknown = tf.function(lambda v, p: sum_by_position(v, p, count), input_signature=[
+        tf.TensorSpec([None, 2, 3], tf.float32), tf.TensorSpec([None], tf.int32)])
+    pairs = tf.constant(np.stack([np.arange(rows), position], 1).reshape(rows, 2), tf.int64)
+    known = tf.constant(values), tf.constant(position), count
+    outs = [sum_by_position(*known).numpy(), unknown(values, position).numpy(), sum_by_position(*known, pairs).numpy()]
+    assert outs[0].shape == (count, 2, 3)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-4, atol=1e-4)
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, WRITE_PARTS_FROM + 3])
