@@ -33,11 +33,13 @@ class KeysToVectors:
         with them waits for the checks, so a bad key gets this message, not the gather's."""
         # one pass: as unsigned, a negative key is larger than any row id (an empty batch's max is 0)
         largest = tf.reduce_max(tf.bitcast(keys, tf.uint64))
-        checked = [tf.debugging.assert_less(largest, tf.constant(rows, tf.uint64),
-                                            message=f"{self.name}: negative key or key out of range [0, {rows}); "
-                                                    "keys are row ids (use_hashtable=False, "
-                                                    "max_vocabulary_size_per_gpu)")]
-        with tf.control_dependencies([c for c in checked if c is not None]):
+        # a string only: a plain Assert op, not one guarded by a tf.cond (two branch functions per
+        # table in every step's graph, as tf.debugging.assert_less makes to print a uint64). No key is
+        # printed: `_distinct` has made a key outside the table the capacity by now.
+        check = tf.debugging.Assert(largest < tf.constant(rows, tf.uint64), [
+            f"{self.name}: negative key or key out of range [0, {rows}); keys are row ids (use_hashtable=False, "
+            "max_vocabulary_size_per_gpu)"])
+        with tf.control_dependencies([] if check is None else [check]):
             return tf.identity(keys)
 
     def _distinct(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
