@@ -71,18 +71,17 @@ def mix_keys_np(keys: Any) -> np.ndarray:
         return (h ^ (h >> np.uint64(32))) * mix
 
 
-def _by_size(known: int | None, size: tf.Tensor, least: int, large: Any, small: Any) -> Any:
-    """``large()`` from `least` elements on, else ``small()``: chosen while tracing when the size is
-    `known`, else by a ``tf.cond`` on `size`."""
-    if known is None:
-        return tf.cond(size >= least, large, small)
-    return large() if known >= least else small()
-
-
-def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, tf.Tensor]:
+def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
     """(distinct `keys`, int32 position of each key among them): ``tf.unique(keys, out_idx=tf.int32)``
     of 1-D integer `keys`, except that from `parts_from` keys on the distinct keys come grouped by
     four parts of the key space (first sight order within each part).
+
+    A number of keys not known while tracing is settled by a ``tf.cond`` on the size, so that the
+    order depends on the keys alone (a dynamic table hands out rows in this order). A caller to
+    whom the order does not matter (`any_order`: sums per key, as an optimizer takes its rows)
+    gets the parts with no ``tf.cond``, which would put both forms, as branch functions, in every
+    such step's graph (a sharded table's optimizer's), to be traced and optimized at its first
+    call.
 
     ``tf.unique`` fills one hash map on one core; at the ~200k keys of a large recommender batch
     its map outgrows the core's cache, and it becomes the largest single op of a table's step.
@@ -118,7 +117,10 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM) -> tuple[tf.Tensor, 
         position.set_shape(keys.shape)  # (a stitch's length is not known while tracing; it is the keys')
         return tf.concat(uniques, 0), position
 
-    return _by_size(keys.shape.num_elements(), tf.size(keys), parts_from, in_parts, one_map)
+    known = keys.shape.num_elements()
+    if known is None and not any_order:
+        return tf.cond(tf.size(keys) >= parts_from, in_parts, one_map)
+    return one_map() if known is not None and known < parts_from else in_parts()
 
 
 def in_shape_trace(variable: Any) -> bool:

@@ -53,7 +53,7 @@ def touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tenso
     """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
     if isinstance(gradient, UniqueRowsGradient):
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
-    rows, position = distinct(tf.cast(gradient.indices, tf.int64))
+    rows, position = distinct(tf.cast(gradient.indices, tf.int64), any_order=True)  # (each row's sum in key order)
     return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
 
 
