@@ -87,6 +87,23 @@ def test_distinct_in_parts_gives_each_key_its_place_among_the_distinct_keys(patt
     np.testing.assert_array_equal(tf.gather(unique, position).numpy(), keys)
 
 
+def test_distinct_of_a_size_unknown_while_tracing_keeps_the_order_of_the_keys_unless_any_order():
+    """A lookup's order (a dynamic table's rows) depends on the keys alone: small batches come out as
+    tf.unique gives them, whatever was known while tracing. An optimizer's (`any_order`) takes the
+    parts with no tf.cond in its graph."""
+    keys = tf.constant([7, 3, 7, 8, 3, 5], tf.int64)
+    spec = [tf.TensorSpec([None], tf.int64)]
+    ordered = tf.function(lambda k: distinct(k), input_signature=spec)
+    any_order = tf.function(lambda k: distinct(k, any_order=True), input_signature=spec)
+    assert [t.numpy().tolist() for t in ordered(keys)] == [[7, 3, 8, 5], [0, 1, 0, 2, 1, 3]]
+    unique, position = any_order(keys)
+    assert sorted(unique.numpy().tolist()) == [3, 5, 7, 8] and tf.gather(unique, position).numpy().tolist() == \
+        keys.numpy().tolist()
+    def branches(fn):
+        return [op.type for op in fn.get_concrete_function().graph.get_operations() if "If" in op.type]
+    assert branches(ordered) and not branches(any_order)
+
+
 @pytest.mark.parametrize("rows", [0, 1, 1000, PARTS_FROM + 1])  # two products over halves, one of them empty
 def test_sum_by_position_sums_the_rows_of_each_position_alike_however_traced(rows):
     """The same sums, to the bit, whether the number of rows is known while tracing or not, and with
