@@ -163,7 +163,7 @@ def index(kind: str, steps: int = STEPS) -> dict[str, Any]:
 
     tf.config.threading.set_intra_op_parallelism_threads(2)
     from sok_tutorial.embedding import index as key_index
-    from sok_tutorial.embedding.ops import sum_by_position
+    from sok_tutorial.embedding.dedup import sum_by_position
 
     if kind == "reduce":
         return _reduction(tf, sum_by_position, steps)

@@ -61,7 +61,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import local_view, mix_keys, mix_keys_np, read_rows, tf_variable, updated
+from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
+from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updated
 
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1

@@ -32,7 +32,7 @@ every step), ``DenseHashTable`` reserves two sentinel keys, and both live outsid
 checkpoints a second path.
 
 Rows are handed out in order of first sight (within each of the four parts a large batch is
-deduplicated in, `sok_tutorial.embedding.ops.distinct`), so the rows a step touches sit in the
+deduplicated in, `sok_tutorial.embedding.dedup.distinct`), so the rows a step touches sit in the
 front of the table, hot keys first, rather than spread over all of it: gathering and scattering
 them is cheaper than in a static table with the same keys. What a dynamic table costs against a
 static one, once its keys have rows (``dynamic_warm``) and in the first steps, when most of a
@@ -61,7 +61,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import mix_keys, read_rows
+from sok_tutorial.embedding.dedup import mix_keys
+from sok_tutorial.embedding.ops import read_rows
 
 _EMPTY = -1
 

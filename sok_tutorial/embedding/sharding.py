@@ -70,9 +70,10 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding import layouts
+from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values_tf
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import distinct, in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.placement import EXCHANGES
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup

@@ -1,6 +1,6 @@
 """`UniqueKeys`: a batch's keys deduplicated ahead of the training step, in the input pipeline.
 
-A table's lookup starts by deduplicating its keys (`sok_tutorial.embedding.ops.distinct`: hash
+A table's lookup starts by deduplicating its keys (`sok_tutorial.embedding.dedup.distinct`: hash
 maps filled on the step's critical path, the largest single op of a static table's step on the
 TorchRec-shaped workload). Nothing in it depends on the table, so a ``tf.data`` pipeline can do
 it for the next batch while the step trains on this one, on a core the step leaves idle::
@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import distinct
+from sok_tutorial.embedding.dedup import distinct
 
 
 class UniqueKeys(tf.experimental.ExtensionType):
@@ -40,7 +40,7 @@ class UniqueKeys(tf.experimental.ExtensionType):
     ``position`` (int32, the batch's key shape): the batch's keys are ``unique[position]``.
     `pairs` (int64 ``[K, 2]``: ``(k, position[k])`` for the K keys in flat order), when given, are
     the indices of the sparse product that sums the gradients of repeated keys in the backward
-    pass (`sok_tutorial.embedding.ops.sum_by_position`), made ahead as well. `rows` (int64
+    pass (`sok_tutorial.embedding.dedup.sum_by_position`), made ahead as well. `rows` (int64
     ``[U]``), when given, are the rows a dynamic table's index held for the distinct keys when the
     pipeline looked them up (-1: none then; `lookup_ahead`): hints the table checks, never trusts.
 

@@ -10,7 +10,8 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import EmbeddingTable, UniqueKeys, lookup_ahead, unique_keys  # noqa: E402
-from sok_tutorial.embedding.ops import PARTS_FROM, WRITE_PARTS_FROM, distinct, sum_by_position, write_rows  # noqa: E402
+from sok_tutorial.embedding.dedup import PARTS_FROM, distinct, sum_by_position  # noqa: E402
+from sok_tutorial.embedding.ops import WRITE_PARTS_FROM, write_rows  # noqa: E402
 
 ROWS, DIM, SLOTS, BATCH = 50, 4, 3, 16
 

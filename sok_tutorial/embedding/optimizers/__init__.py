@@ -6,7 +6,7 @@ own optimizers turn it into a dense tensor the size of the whole table and updat
 formulas to the touched rows only: one gather and one scatter of the rows and one of each slot
 variable, and every other row and its slots stay bit-identical. A table's own gradient
 (`sok_tutorial.embedding.ops.UniqueRowsGradient`) already holds distinct rows with summed
-gradients; any other sparse gradient is first deduplicated (`sok_tutorial.embedding.ops.distinct`,
+gradients; any other sparse gradient is first deduplicated (`sok_tutorial.embedding.dedup.distinct`,
 then a sparse matrix product sums the repeats, `sum_by_position`). Dense gradients go to the
 Keras implementation unchanged, so one optimizer serves a whole model, in ``model.fit`` and
 under ``tf.distribute``.

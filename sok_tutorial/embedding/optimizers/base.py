@@ -38,14 +38,8 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import huge_pages, precision
-from sok_tutorial.embedding.ops import (
-    UniqueRowsGradient,
-    all_gather_slices,
-    distinct,
-    read_rows,
-    sum_by_position,
-    write_rows,
-)
+from sok_tutorial.embedding.dedup import distinct, sum_by_position
+from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, write_rows
 from sok_tutorial.embedding.table import table_of
 
 
