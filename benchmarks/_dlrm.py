@@ -66,7 +66,9 @@ def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = Fal
     import tensorflow as tf
 
     if not tf.config.threading.get_intra_op_parallelism_threads():  # before TensorFlow's runtime starts
-        tf.config.threading.set_intra_op_parallelism_threads(2)
+        from benchmarks._tables import set_threads
+
+        set_threads(profile)
     import sok_tutorial as sok
     from data_gen.criteo import CAT_NAMES, CONT_NAMES
     from sok_tutorial.training.step import make_sok_step

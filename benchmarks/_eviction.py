@@ -97,7 +97,7 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
     """One case: step times, evictions and rows placed per timed step (and a per-op profile)."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    _tables.set_threads(profile)
     optimizer, room, options = CASES[case]
     fill = plan(steps)[0]
     extra = PROFILE_STEPS if profile else 0

@@ -7,11 +7,13 @@ Linear(416 -> 1) head and binary cross-entropy; the median samples/s of 20 steps
 warm-up steps, 2 threads.
 
 * `train`: one step of a static (row ids) or dynamic (any int64 key) table with one optimizer,
-  optionally with the per-op profile of a few more steps. ``dynamic_warm`` is the dynamic table
-  after one untimed pass over the same batches: every key already has a row, so it shows the
-  cost of the index's lookups alone, without the ~67k keys a step inserts in the first steps.
-* `model`, `train_step`, `timed`, `profile_ops`: the layer, head and training step, per-step
-  timing and the per-op profile, shared with the ``eviction``, ``precision`` and ``memory`` groups.
+  optionally with the per-op profile of a few more steps (taken on one thread, `set_threads`).
+  ``dynamic_warm`` is the dynamic table after one untimed pass over the same batches: every key
+  already has a row, so it shows the cost of the index's lookups alone, without the ~67k keys a
+  step inserts in the first steps.
+* `set_threads`, `model`, `train_step`, `timed`, `profile_ops`: the threads, the layer, head and
+  training step, per-step timing and the per-op profile, shared with the ``eviction``,
+  ``precision`` and ``memory`` groups.
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
   index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
@@ -62,7 +64,7 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     also looking the keys up in the index (`sok_tutorial.embedding.lookup_ahead`)."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    set_threads(profile)
     from sok_tutorial.embedding import lookup_ahead, unique_keys
 
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps + (4 if profile else 0))]
@@ -84,6 +86,20 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     if profile:
         result["profile_ms"] = profile_ops(step, [next(feed) for _ in range(4)])
     return result
+
+
+def set_threads(profile: bool = False) -> None:
+    """TensorFlow's threads for a benchmark child, before anything starts TensorFlow's runtime: 2
+    intra-op threads (one per core of the reference machine) for a timed run; one thread for
+    everything, inter- and intra-op, for a profiled one (`profile_ops`), so that an op's time in
+    the profile is the CPU time it costs, alone, rather than a stretch of wall time that other
+    ops' threads shared (on two cores an op running beside a parallel gather appears several
+    times as long as it is, and a parallel op half as long)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1 if profile else 2)
+    if profile:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def model(optimizer: str, capacity: int, example: Any, **options: Any) -> tuple[Any, Any]:
@@ -140,8 +156,9 @@ def timed(step: Any, data: Any, count: int | None = None, after: Any = None) -> 
 
 
 def profile_ops(step: Any, data: list[tuple[Any, Any]], top: int = 14) -> list[dict[str, Any]]:
-    """The `top` TensorFlow ops (by phase: forward, backward, optimizer) by CPU ms per step over the
-    steps of `data`, under the profiler."""
+    """The `top` TensorFlow ops (by phase: forward, backward, optimizer) by ms per step over the
+    steps of `data`, under the profiler: the CPU each op costs in a child run on one thread
+    (`set_threads`)."""
     import tensorflow as tf
 
     from sok_tutorial.training.profiler import op_breakdown
