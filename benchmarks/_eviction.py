@@ -191,9 +191,8 @@ def hit_rates(steps: int = STEPS) -> dict[str, Any]:
     """Hit rates of bucket-local LRU against exact LRU, with buckets of 8 and 16: this stream at the
     full capacity, and a stationary Zipf stream (no drift) at half its distinct keys."""
     import numpy as np
-    import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)
+    _tables.set_threads()
     from sok_tutorial.embedding.hit_rate import lru_hit_rates
 
     fill = plan(steps)[0]
@@ -215,7 +214,7 @@ def deltas(steps: int = STEPS) -> list[dict[str, Any]]:
 
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    _tables.set_threads()
     from sok_tutorial.data.describe import disk_bytes
     from sok_tutorial.embedding import lifecycle
     from sok_tutorial.training import export_delta, export_model_tables

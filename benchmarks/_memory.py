@@ -70,9 +70,10 @@ def train(case: str, steps: int = STEPS) -> dict[str, Any]:
     """samples/s and bytes of one case."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
-    import sok_tutorial as sok
     from benchmarks import _tables
+
+    _tables.set_threads()
+    import sok_tutorial as sok
     from sok_tutorial.embedding import replica_bytes
 
     data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps)]

@@ -30,7 +30,7 @@ def train(case: str, steps: int, quick: bool = False) -> dict[str, Any]:
     """samples/s and bytes per row of one case."""
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)  # before anything starts TensorFlow's runtime
+    _tables.set_threads()
     dtype, optimizer, stochastic = CASES[case]
     capacity = QUICK_CAPACITY if quick else CAPACITY
     data = [(tf.constant(k), tf.constant(y)) for k, y in _tables.batches(_tables.WARM + steps)]

@@ -178,7 +178,7 @@ def index(kind: str, steps: int = STEPS) -> dict[str, Any]:
     import numpy as np
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(2)
+    set_threads()
     from sok_tutorial.embedding import index as key_index
     from sok_tutorial.embedding.dedup import sum_by_position
 
