@@ -17,6 +17,13 @@ Mixed-precision matrix units work on tiles whose dimensions are multiples of 8 o
 the interaction (``pad_interaction_to=16``: 351 pairs + 16 -> 367 becomes 352 + 16 = 368) gives
 the top MLP's first matmul such a width.
 
+On a CPU the interaction and the top MLP run on slices of the batch (``interaction_slice``, 512
+examples by default), one after another in the graph: a slice's Gram matrix, ``512 * 27 * 27``
+floats (1.5 MB), stays in a core's L2 cache through the transpose and the gather of its pairs,
+where the whole batch's would not. Every example's output is the same; only the order in which
+the top layer's weight gradient adds up its examples changes. With a GPU visible the batch goes
+whole (``"auto"``), as its kernels like it.
+
 References:
     M. Naumov et al., "Deep Learning Recommendation Model for Personalization and
     Recommendation Systems", arXiv:1906.00091 (2019).
@@ -98,7 +105,17 @@ def pairs_by_column(vectors: tf.Tensor) -> tf.Tensor:
     return pairs_of(vectors)
 
 
-def interaction_layer(layer: Any, x: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+def kernel_blocks(layer: Any, d: int, pairs: int, dtype: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+    """The first top-MLP `layer`'s kernel rows for the dense vector (`d`) and for the `pairs`, and
+    its bias (None without one), in `dtype`: taken once per step, so the slices of a batch share
+    them (one gradient of each block, not one per slice)."""
+    with tf.name_scope(f"{layer.name}_1"):
+        kernel = tf.cast(layer.kernel, dtype)
+        return kernel[:d], kernel[d:d + pairs], tf.cast(layer.bias, dtype) if layer.use_bias else None
+
+
+def interaction_layer(layer: Any, x: tf.Tensor, vectors: tf.Tensor,
+                      blocks: tuple[tf.Tensor, tf.Tensor, tf.Tensor | None] | None = None) -> tf.Tensor:
     """The first top-MLP `layer` (a built ``keras.layers.Dense``) applied to ``[x, pairs]`` (the
     dense vector and the pairwise dot products of ``[x; vectors]``, zero-padded to the layer's
     input width) without forming that concatenation: ``x @ W_x + pairs @ W_pairs + b``, the pairs
@@ -112,28 +129,83 @@ def interaction_layer(layer: Any, x: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor
         >>> expected = layer(tf.concat([x, pairwise_interaction(tf.concat([x[:, None], v], 1), 6)], 1))
         >>> bool(tf.reduce_all(tf.abs(interaction_layer(layer, x, v) - expected) < 1e-5))
         True
+
+    `blocks` are `kernel_blocks` taken already (by a caller that applies the layer slice by slice).
     """
-    d = x.shape[-1]
     with tf.name_scope("interaction"):
         pairs = pairs_by_column(tf.concat([x[:, None, :], vectors], axis=1))  # (P, B)
+    kernel_x, kernel_pairs, bias = blocks or kernel_blocks(layer, x.shape[-1], pairs.shape[0], x.dtype)
     with tf.name_scope(f"{layer.name}_1"):  # as a Keras call of the layer is scoped: profiles name the layer
-        kernel = tf.cast(layer.kernel, x.dtype)
-        h = tf.matmul(x, kernel[:d]) + tf.matmul(pairs, kernel[d:d + pairs.shape[0]], transpose_a=True)
-        if layer.use_bias:
-            h = tf.nn.bias_add(h, tf.cast(layer.bias, x.dtype))
+        h = tf.matmul(x, kernel_x) + tf.matmul(pairs, kernel_pairs, transpose_a=True)
+        if bias is not None:
+            h = tf.nn.bias_add(h, bias)
         return layer.activation(h)
 
 
+#: examples per slice of the interaction and top MLP on a CPU (module docstring)
+CPU_SLICE = 512
+
+
+def slice_sizes(batch: int | None, size: int | None) -> list[int] | None:
+    """The sizes of the consecutive slices a batch of `batch` examples is cut into, as equal as
+    may be and each near `size` examples; None (the batch whole) for no `size`, a batch size not
+    known when the graph is traced, or a batch under one and a half slices.
+
+    Example:
+        >>> slice_sizes(2048, 512), slice_sizes(1000, 512), slice_sizes(700, 512), slice_sizes(None, 512)
+        ([512, 512, 512, 512], [500, 500], None, None)
+    """
+    if size is None or batch is None:
+        return None
+    count = max(1, round(batch / size))
+    return None if count == 1 else [batch // count + (i < batch % count) for i in range(count)]
+
+
+def resolve_slice(interaction_slice: Any) -> int | None:
+    """Examples per slice for `interaction_and_top`: ``"auto"`` is `CPU_SLICE` unless a GPU is
+    visible (then None, the batch whole); an int or None as given."""
+    if interaction_slice == "auto":
+        return None if tf.config.list_logical_devices("GPU") else CPU_SLICE
+    return interaction_slice
+
+
+def check_slice(interaction_slice: Any) -> Any:
+    """`interaction_slice` if it is ``"auto"``, None or a positive int; else a ValueError naming it."""
+    if interaction_slice is None or interaction_slice == "auto":
+        return interaction_slice
+    return checks.positive_int("interaction_slice", interaction_slice)
+
+
 def interaction_and_top(x: tf.Tensor, vectors: tf.Tensor, top: Sequence[Any], logit: Any,
-                        pad_to: int | None = None) -> tf.Tensor:
+                        pad_to: int | None = None, slice_size: int | None = None) -> tf.Tensor:
     """The logit of ``[x, pairs]`` through the top MLP `top` (built layers) and `logit`: the pairs
     straight into the first top layer (`interaction_layer`), or into `logit` when there is no top
-    MLP (padded to a multiple of `pad_to`)."""
-    if top:
-        return logit(apply_layers(top[1:], interaction_layer(top[0], x, vectors)))
-    with tf.name_scope("interaction"):
-        pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), pad_to)
-    return logit(tf.concat([x, pairs], axis=1))
+    MLP (padded to a multiple of `pad_to`). With a `slice_size`, on consecutive slices of the
+    batch of about that many examples (`slice_sizes`; module docstring), the logits concatenated.
+
+    Example:
+        >>> import keras
+        >>> top, logit = [keras.layers.Dense(4, activation="relu")], keras.layers.Dense(1)
+        >>> top[0].build((None, 2 + 6)); logit.build((None, 4))
+        >>> x, v = tf.random.normal([8, 2]), tf.random.normal([8, 3, 2])
+        >>> whole, sliced = interaction_and_top(x, v, top, logit), interaction_and_top(x, v, top, logit, slice_size=4)
+        >>> bool(tf.reduce_all(tf.abs(whole - sliced) < 1e-5))
+        True
+    """
+    f = vectors.shape[1] + 1
+    blocks = kernel_blocks(top[0], x.shape[-1], f * (f - 1) // 2, x.dtype) if top else None
+
+    def one(x: tf.Tensor, vectors: tf.Tensor) -> tf.Tensor:
+        if top:
+            return logit(apply_layers(top[1:], interaction_layer(top[0], x, vectors, blocks)))
+        with tf.name_scope("interaction"):
+            pairs = pairwise_interaction(tf.concat([x[:, None, :], vectors], axis=1), pad_to)
+        return logit(tf.concat([x, pairs], axis=1))
+
+    sizes = slice_sizes(x.shape[0], slice_size)
+    if sizes is None:
+        return one(x, vectors)
+    return tf.concat([one(a, b) for a, b in zip(tf.split(x, sizes), tf.split(vectors, sizes))], axis=0)
 
 
 def continuous_input(features: Any, cont_names: Sequence[str], dtype: Any) -> tf.Tensor:
@@ -178,11 +250,14 @@ class DLRM(keras.Model):
             ``sum(cardinalities)`` rows, sparse updates) or ``"keras"`` (one
             ``keras.layers.Embedding`` per feature, dense updates).
         pad_interaction_to: pad the interaction's width to a multiple of this (None: no padding).
+        interaction_slice: examples per slice of the batch for the interaction and top MLP
+            (module docstring); ``"auto"``: 512 on a CPU, the batch whole with a GPU; None: whole.
     """
 
     def __init__(self, cardinalities: Sequence[int], cat_names: Sequence[str], cont_names: Sequence[str], *,
                  embedding_dim: int = 16, bottom_mlp: Sequence[int] = (64,), top_mlp: Sequence[int] = (128, 64),
-                 embedding: str = "sok", pad_interaction_to: int | None = None, **kwargs: Any):
+                 embedding: str = "sok", pad_interaction_to: int | None = None, interaction_slice: Any = "auto",
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.cardinalities = [checks.positive_int(f"cardinalities[{i}]", c) for i, c in enumerate(cardinalities)]
         self.cat_names, self.cont_names = list(cat_names), list(cont_names)
@@ -193,6 +268,7 @@ class DLRM(keras.Model):
         self.embedding_kind = checks.one_of("embedding", embedding, ("sok", "keras"))
         self.pad_interaction_to = None if pad_interaction_to is None else checks.positive_int(
             "pad_interaction_to", pad_interaction_to)
+        self.interaction_slice = check_slice(interaction_slice)
         self.bottom, self.top, self.logit = mlps(self.bottom_widths, embedding_dim, self.top_widths)
         if self.embedding_kind == "sok":
             self.offsets = np.concatenate([[0], np.cumsum(self.cardinalities)[:-1]]).astype(np.int64)
@@ -221,7 +297,8 @@ class DLRM(keras.Model):
             pairs = (len(self.cat_names) + 1) * len(self.cat_names) // 2
             self.top[0].build((None, self.embedding_dim + pairs + (-pairs) % (self.pad_interaction_to or 1)))
         # (B, 1), float32 even under mixed precision
-        return interaction_and_top(x, tf.cast(vectors, x.dtype), self.top, self.logit, self.pad_interaction_to)
+        return interaction_and_top(x, tf.cast(vectors, x.dtype), self.top, self.logit, self.pad_interaction_to,
+                                   resolve_slice(self.interaction_slice))
 
     def _categorical(self, features: dict[str, Any]) -> tf.Tensor:
         """The categorical keys ``[B, F]`` int64: ``features["categorical"]`` (the loaders'
@@ -254,4 +331,4 @@ class DLRM(keras.Model):
         return {**super().get_config(), "cardinalities": self.cardinalities, "cat_names": self.cat_names,
                 "cont_names": self.cont_names, "embedding_dim": self.embedding_dim, "bottom_mlp": self.bottom_widths,
                 "top_mlp": self.top_widths, "embedding": self.embedding_kind,
-                "pad_interaction_to": self.pad_interaction_to}
+                "pad_interaction_to": self.pad_interaction_to, "interaction_slice": self.interaction_slice}

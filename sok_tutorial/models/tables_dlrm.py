@@ -25,7 +25,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.models.dlrm import apply_layers, continuous_input, interaction_and_top, mlps
+from sok_tutorial.models.dlrm import (
+    apply_layers,
+    check_slice,
+    continuous_input,
+    interaction_and_top,
+    mlps,
+    resolve_slice,
+)
 
 
 class TablesDLRM(keras.Model):
@@ -40,6 +47,8 @@ class TablesDLRM(keras.Model):
         cont_names: the continuous features' names, for batches that give them one by one.
         bottom_mlp, top_mlp: hidden widths, as in `DLRM`.
         remap: ``{feature: int array}``: look up ``remap[feature][id]`` instead of ``id``.
+        interaction_slice: examples per slice of the batch for the interaction and top MLP, as
+            in `DLRM`.
 
     Example:
         >>> from sok_tutorial.embedding import DistributedEmbedding, QREmbedding
@@ -53,7 +62,7 @@ class TablesDLRM(keras.Model):
 
     def __init__(self, tables: Mapping[str, Any], *, cont_names: Sequence[str] = (),
                  bottom_mlp: Sequence[int] = (64,), top_mlp: Sequence[int] = (128, 64),
-                 remap: Mapping[str, Any] | None = None, **kwargs: Any):
+                 remap: Mapping[str, Any] | None = None, interaction_slice: Any = "auto", **kwargs: Any):
         super().__init__(**kwargs)
         if not isinstance(tables, Mapping) or not tables:
             raise ValueError(f"tables={tables!r} is invalid: expected a non-empty {{feature: embedding layer}}")
@@ -69,6 +78,7 @@ class TablesDLRM(keras.Model):
         self.embedding_dim = int(next(iter(widths.values())))
         self.remap = {name: tf.constant(np.asarray(ids, np.int64)) for name, ids in remap.items()}
         self.bottom, self.top, self.logit = mlps(bottom_mlp, self.embedding_dim, top_mlp)
+        self.interaction_slice = check_slice(interaction_slice)
 
     def build(self, input_shape: Any = None) -> None:
         """Builds the tables for real (a sharded table writes its initial rows on its replicas,
@@ -97,4 +107,5 @@ class TablesDLRM(keras.Model):
             if name in self.remap:
                 keys = tf.gather(self.remap[name], keys)
             vectors.append(tf.cast(tf.reshape(table(keys, training=training), [-1, self.embedding_dim]), x.dtype))
-        return interaction_and_top(x, tf.stack(vectors[1:], axis=1), self.top, self.logit)  # (B, 1)
+        return interaction_and_top(x, tf.stack(vectors[1:], axis=1), self.top, self.logit,  # (B, 1)
+                                   slice_size=resolve_slice(self.interaction_slice))

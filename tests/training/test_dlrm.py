@@ -94,6 +94,47 @@ def test_dlrm_sok_and_keras_tables_count_the_same_parameters():
         assert report["embedding_bytes"] == 4 * sum(CARDS) * 8 and report["dense_bytes"] == 4 * dense
 
 
+@pytest.mark.parametrize("pad_to, top", [(16, [32, 16]), (None, [])])
+def test_sliced_interaction_gives_the_whole_batch_outputs_and_gradients(pad_to, top):
+    features, labels = _features(24, seed=4), tf.constant(np.random.default_rng(5).random((24, 1)) < 0.3, tf.float32)
+    results = []
+    for size in (None, 5, 8):  # whole; 5 slices of 4-5 (uneven); 3 of 8
+        model = DLRM(CARDS, CAT_NAMES, CONT_NAMES, embedding_dim=8, bottom_mlp=[16], top_mlp=top,
+                     pad_interaction_to=pad_to, interaction_slice=size)
+        keras.utils.set_random_seed(7)
+        model(features)
+        if results:  # the same weights as the whole-batch model
+            model.set_weights(results[0][2])
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
+        results.append((logits.numpy(), grads, model.get_weights()))
+    whole = results[0]
+    for logits, grads, _ in results[1:]:
+        np.testing.assert_allclose(logits, whole[0], rtol=1e-5, atol=1e-6)
+        assert len(grads) == len(whole[1])
+        for got, want in zip(grads, whole[1]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_interaction_slice_default_and_config():
+    from sok_tutorial.models.dlrm import CPU_SLICE, resolve_slice
+
+    model = DLRM(CARDS, CAT_NAMES, CONT_NAMES, interaction_slice=256)
+    assert DLRM.from_config(model.get_config()).interaction_slice == 256
+    assert DLRM(CARDS, CAT_NAMES, CONT_NAMES).interaction_slice == "auto"
+    gpus = tf.config.list_logical_devices("GPU")
+    assert resolve_slice("auto") == (None if gpus else CPU_SLICE)
+    assert resolve_slice(None) is None and resolve_slice(64) == 64
+
+
+@pytest.mark.parametrize("value", [0, -512, 2.5, "whole", True])
+def test_interaction_slice_rejects_bad_values(value):
+    with pytest.raises(ValueError, match="interaction_slice"):
+        DLRM(CARDS, CAT_NAMES, CONT_NAMES, interaction_slice=value)
+
+
 def test_dlrm_rejects_bad_arguments():
     with pytest.raises(ValueError, match="embedding"):
         DLRM(CARDS, CAT_NAMES, CONT_NAMES, embedding="dense")
