@@ -183,25 +183,28 @@ class ParquetLoader(_AdapterBase):
 
     @property
     def element_spec(self) -> tuple[dict[str, Any], tf.TensorSpec]:
-        """The ``(features, labels)`` signature of every batch."""
+        """The ``(features, labels)`` signature of every batch. With ``drop_last`` every batch has
+        ``batch_size`` rows, and the signature says so: a model traced on it knows its batch size
+        (the DLRM's interaction is then cut into slices, `sok_tutorial.models.dlrm`)."""
         core = self.core
+        b = core.batch_size if core.drop_last else None
         if self.concat_categorical:
-            spec: dict[str, Any] = {CATEGORICAL: tf.TensorSpec([None, len(core.cat_names)], tf.int64, name=CATEGORICAL)}
+            spec: dict[str, Any] = {CATEGORICAL: tf.TensorSpec([b, len(core.cat_names)], tf.int64, name=CATEGORICAL)}
         else:
-            spec = {n: tf.TensorSpec([None], tf.int64, name=n) for n in core.cat_names}
+            spec = {n: tf.TensorSpec([b], tf.int64, name=n) for n in core.cat_names}
         if self.concat_continuous:
-            spec[CONTINUOUS] = tf.TensorSpec([None, len(core.cont_names)], tf.float32, name=CONTINUOUS)
+            spec[CONTINUOUS] = tf.TensorSpec([b, len(core.cont_names)], tf.float32, name=CONTINUOUS)
         else:
-            spec.update({n: tf.TensorSpec([None], tf.float32, name=n) for n in core.cont_names})
+            spec.update({n: tf.TensorSpec([b], tf.float32, name=n) for n in core.cont_names})
         for n in core.list_names:
             slots, width = core.slots[n], core.max_nnz[n]
             if core.sparse_as_dense:
-                spec[n] = tf.TensorSpec([None, slots, width] if slots else [None, width], tf.int64, name=n)
+                spec[n] = tf.TensorSpec([b, slots, width] if slots else [b, width], tf.int64, name=n)
             elif slots:
-                spec[n] = tf.RaggedTensorSpec([None, slots, None], tf.int64, ragged_rank=2, row_splits_dtype=tf.int64)
+                spec[n] = tf.RaggedTensorSpec([b, slots, None], tf.int64, ragged_rank=2, row_splits_dtype=tf.int64)
             else:
-                spec[n] = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
-        return spec, tf.TensorSpec([None, len(core.label_names)], tf.float32, name="labels")
+                spec[n] = tf.RaggedTensorSpec([b, None], tf.int64, ragged_rank=1, row_splits_dtype=tf.int64)
+        return spec, tf.TensorSpec([b, len(core.label_names)], tf.float32, name="labels")
 
     def to_tf_dataset(self) -> tf.data.Dataset:
         """A ``tf.data.Dataset`` over the loader; each pass over it is the loader's next epoch."""

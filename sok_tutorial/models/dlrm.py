@@ -20,8 +20,10 @@ the top MLP's first matmul such a width.
 On a CPU the interaction and the top MLP run on slices of the batch (``interaction_slice``, 512
 examples by default), one after another in the graph: a slice's Gram matrix, ``512 * 27 * 27``
 floats (1.5 MB), stays in a core's L2 cache through the transpose and the gather of its pairs,
-where the whole batch's would not. Every example's output is the same; only the order in which
-the top layer's weight gradient adds up its examples changes. With a GPU visible the batch goes
+where the whole batch's would not. The outputs are the same up to rounding (the top layers'
+weight gradients add up their examples slice by slice). The batch size must be known when the
+step is traced (a ``ParquetLoader`` with ``drop_last``, a dataset batched with
+``drop_remainder``); otherwise the batch goes whole. With a GPU visible the batch goes
 whole (``"auto"``), as its kernels like it.
 
 References:

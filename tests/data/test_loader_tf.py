@@ -46,6 +46,19 @@ def test_batches_match_the_element_spec(criteo):
     assert loader.partial_batch_size == 3000 % 512 and loader.has_partial_batch
 
 
+@pytest.mark.parametrize("concat", [False, True])
+def test_full_batches_give_a_static_batch_size(criteo, concat):
+    # drop_last: every batch has batch_size rows, the signature says so (a traced model knows it)
+    for drop_last, size in ((True, 512), (False, None)):
+        loader = _loader(criteo, drop_last=drop_last, concat_categorical=concat, concat_continuous=concat)
+        features, labels = loader.element_spec
+        assert labels.shape[0] == size and {spec.shape[0] for spec in features.values()} == {size}
+        batches = list(loader.to_tf_dataset())
+        assert len(batches) == (3000 // 512 if drop_last else 3000 // 512 + 1)
+        for got, spec in zip(tf.nest.flatten(batches[-1]), tf.nest.flatten(loader.element_spec)):
+            assert spec.is_compatible_with(got)
+
+
 def test_tensors_hold_the_file_values(criteo):
     loader = _loader(criteo, shuffle=False, batch_size=3000)
     features, labels = next(iter(loader))
