@@ -163,12 +163,16 @@ def slice_sizes(batch: int | None, size: int | None) -> list[int] | None:
     return None if count == 1 else [batch // count + (i < batch % count) for i in range(count)]
 
 
-def resolve_slice(interaction_slice: Any) -> int | None:
-    """Examples per slice for `interaction_and_top`: ``"auto"`` is `CPU_SLICE` unless a GPU is
-    visible (then None, the batch whole); an int or None as given."""
-    if interaction_slice == "auto":
-        return None if tf.config.list_logical_devices("GPU") else CPU_SLICE
-    return interaction_slice
+def resolve_slice(interaction_slice: Any, x: tf.Tensor | None = None) -> int | None:
+    """Examples per slice for `interaction_and_top`: ``"auto"`` is `CPU_SLICE` on a CPU and None
+    (the batch whole) on a GPU, the device being the one `x` is placed on, else (no placement
+    yet) a GPU if one is visible; an int or None as given."""
+    if interaction_slice != "auto":
+        return interaction_slice
+    device = (getattr(x, "device", "") or "").upper()
+    if "GPU" in device:
+        return None
+    return CPU_SLICE if "CPU" in device or not tf.config.list_logical_devices("GPU") else None
 
 
 def check_slice(interaction_slice: Any) -> Any:
@@ -300,7 +304,7 @@ class DLRM(keras.Model):
             self.top[0].build((None, self.embedding_dim + pairs + (-pairs) % (self.pad_interaction_to or 1)))
         # (B, 1), float32 even under mixed precision
         return interaction_and_top(x, tf.cast(vectors, x.dtype), self.top, self.logit, self.pad_interaction_to,
-                                   resolve_slice(self.interaction_slice))
+                                   resolve_slice(self.interaction_slice, x))
 
     def _categorical(self, features: dict[str, Any]) -> tf.Tensor:
         """The categorical keys ``[B, F]`` int64: ``features["categorical"]`` (the loaders'

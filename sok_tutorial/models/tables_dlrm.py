@@ -108,4 +108,4 @@ class TablesDLRM(keras.Model):
                 keys = tf.gather(self.remap[name], keys)
             vectors.append(tf.cast(tf.reshape(table(keys, training=training), [-1, self.embedding_dim]), x.dtype))
         return interaction_and_top(x, tf.stack(vectors[1:], axis=1), self.top, self.logit,  # (B, 1)
-                                   slice_size=resolve_slice(self.interaction_slice))
+                                   slice_size=resolve_slice(self.interaction_slice, x))

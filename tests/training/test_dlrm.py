@@ -128,6 +128,14 @@ def test_interaction_slice_default_and_config():
     assert resolve_slice("auto") == (None if gpus else CPU_SLICE)
     assert resolve_slice(None) is None and resolve_slice(64) == 64
 
+    @tf.function
+    def placed(device):
+        with tf.device(device):
+            return resolve_slice("auto", tf.identity(tf.zeros([4, 2])))
+
+    assert placed("/CPU:0") == CPU_SLICE  # the device the tensors are on decides
+    assert resolve_slice("auto", type("OnGPU", (), {"device": "/job:localhost/device:GPU:0"})()) is None
+
 
 @pytest.mark.parametrize("value", [0, -512, 2.5, "whole", True])
 def test_interaction_slice_rejects_bad_values(value):
