@@ -23,8 +23,8 @@ floats (1.5 MB), stays in a core's L2 cache through the transpose and the gather
 where the whole batch's would not. The outputs are the same up to rounding (the top layers'
 weight gradients add up their examples slice by slice). The batch size must be known when the
 step is traced (a ``ParquetLoader`` with ``drop_last``, a dataset batched with
-``drop_remainder``); otherwise the batch goes whole. With a GPU visible the batch goes
-whole (``"auto"``), as its kernels like it.
+``drop_remainder``); otherwise the batch goes whole. On a GPU (``"auto"``: the device the
+step's tensors are placed on) the batch goes whole, as its kernels like it.
 
 References:
     M. Naumov et al., "Deep Learning Recommendation Model for Personalization and
