@@ -12,7 +12,8 @@ kind (SGD with SGD; Adagrad with Adagrad; row-wise Adagrad tables with Adagrad d
 our `RowWiseAdagrad` treats non-table variables). TorchRec runs as ``dmp``
 (DistributedModelParallel, table-wise fused FBGEMM kernels, optimizer applied in backward) and
 ``fused`` (a FusedEmbeddingBagCollection). Ours is `sok_tutorial.models.DLRM` (one static table
-over the 26 features), the step `sok_tutorial.training.make_sok_step` builds.
+over the 26 features; the interaction and top MLP in slices of 512 examples, its CPU default), the
+step `sok_tutorial.training.make_sok_step` builds.
 """
 from __future__ import annotations
 
