@@ -50,6 +50,10 @@ def test_with_dlrm_s_rows_and_weights_it_is_dlrm():
     named(separate)
     copy_dense(dlrm, named)
     np.testing.assert_allclose(named(separate).numpy(), expected, rtol=1e-5, atol=1e-6)
+    sliced = TablesDLRM(model.tables, bottom_mlp=[8], top_mlp=[8, 4], interaction_slice=BATCH // 3)  # 3 slices
+    sliced(x)
+    copy_dense(dlrm, sliced)
+    np.testing.assert_allclose(sliced(x).numpy(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_sharded_tables_on_two_replicas_train_as_one_device(strategy_of):
@@ -96,6 +100,7 @@ def test_remap_looks_each_id_up_as_the_key_it_maps_to():
     (lambda: TablesDLRM({"a": table("a", 5), "b": DistributedEmbedding("sum", 5, 3, slot_num=1, max_nnz=1)}),
      r"every layer must have one embedding_vec_size.*'a': 4, 'b': 3"),
     (lambda: TablesDLRM({"a": table("a", 5)}, remap={"z": [0]}), r"remap: \['z'\] are not among"),
+    (lambda: TablesDLRM({"a": table("a", 5)}, interaction_slice=0), r"interaction_slice"),
 ])
 def test_bad_arguments_are_named(make, message):
     with pytest.raises(ValueError, match=message):
