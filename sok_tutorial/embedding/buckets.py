@@ -30,7 +30,9 @@ A training step touches memory in proportion to its keys, never to the capacity:
    row of its bucket taken by this step's keys gets no row this step: it embeds to zeros, as a
    key not yet admitted does, and is counted (`unplaced`). The previous holders of the rows taken
    come back from the same call, for the eviction log and deltas; the buckets that took keys are
-   written back as whole rows of ``keys``.
+   written back as whole rows of ``keys``. While the table fills (a sample of the step's new keys
+   mostly finds empty rows), a key whose bucket has an empty row for it takes it from the keys the
+   lookup read (an empty row holds its bucket's empty key), and only the others read marks.
 
 ``"ttl"`` expires lazily: a hit older than ``ttl`` counts as absent; a training lookup gives the
 key its own slot back with a fresh initial value, and until then exports and inference skip it.
@@ -67,6 +69,7 @@ from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updat
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
 _INT64_MAX = np.iinfo(np.int64).max
+_SAMPLE = 1024  # new keys whose buckets are checked for empty rows, to choose how a step places them
 
 
 def bucket_of(keys: tf.Tensor, num_buckets: int) -> tf.Tensor:
@@ -164,11 +167,20 @@ class BucketedIndex:
         keys = np.zeros(self.capacity, np.int64)
         if self.num_buckets == 1:
             return keys
-        first = int(self.bucket_np(np.zeros(1, np.int64))[0])
-        candidates = np.arange(1, 1 << 12, dtype=np.int64)  # one of these lands elsewhere (P(all in one) ~ 0)
-        other = int(candidates[np.argmax(self.bucket_np(candidates) != first)])
+        first, other = self._empty_pair()
         keys[first * self.width:(first + 1) * self.width] = other
         return keys
+
+    def _empty_pair(self) -> tuple[int, int]:
+        """(the bucket of key 0, the key its empty slots hold): every other bucket's hold 0."""
+        first = int(self.bucket_np(np.zeros(1, np.int64))[0])
+        candidates = np.arange(1, 1 << 12, dtype=np.int64)  # one of these lands elsewhere (P(all in one) ~ 0)
+        return first, int(candidates[np.argmax(self.bucket_np(candidates) != first)])
+
+    def _empty_key(self, bucket: tf.Tensor) -> tf.Tensor:
+        """The key the empty slots of each of the buckets `bucket` (int64) hold (`empty_keys`)."""
+        first, other = self._empty_pair()
+        return tf.where(tf.equal(bucket, first), tf.constant(other, tf.int64), tf.constant(0, tf.int64))
 
     @property
     def bytes_per_row(self) -> int:
@@ -234,35 +246,37 @@ class BucketedIndex:
         if admit is not None:  # which of the absent keys may have a row
             new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
-        spans = tf.cast(new_bucket, tf.int32)[:, None] * width + tf.range(width)  # (m, W): the rows of each bucket
-        with tf.control_dependencies(touched):  # this step's hits are taken
-            values = read_rows(self.marks, spans)
-        if self.packed:
-            marks = self._marks_of(values)
-            score = tf.where(marks >= 0, self._decayed(values, marks, now) * (1 << 32) + marks, _EMPTY)
-            top, stamp = _INT64_MAX, now
-        else:
-            marks = score = values
-            top = self.mark_dtype.max
-        score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
         rank, first = _rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
-        position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
-        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
-        order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
-        position = updated(position, later, tf.gather(order, tf.minimum(tf.gather(rank, later), width - 1),
-                                                      batch_dims=1))
-        # the slot each key would take, flat in its [W] row; it may if that row's score is below `top`
-        # (the rank-th lowest is then free: the free rows sort first) and its rank is below W
-        slot = tf.range(tf.size(new), dtype=tf.int32) * width + position
-        take = tf.where((tf.gather(tf.reshape(score, [-1]), slot) < top) & (rank < width))[:, 0]
-        position, take_group, slot = tf.gather(position, take), tf.gather(group, take), tf.gather(slot, take)
+        new_held = tf.gather(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
+        if self.num_buckets > 1:
+            # A key whose bucket has more empty rows than new keys before it takes the rank-th empty row
+            # (empty rows score lowest, in row order), found in the keys the lookup read without reading
+            # marks. Taken when a sample of the step's new keys says most find an empty row (a table
+            # filling up); at capacity every key goes by marks, which also find empty rows.
+            sample = tf.minimum(tf.size(new), _SAMPLE)
+            empty_sample = tf.reduce_any(tf.equal(new_held[:sample], self._empty_key(new_bucket[:sample])[:, None]), 1)
+            with tf.control_dependencies(touched):  # this step's hits are taken
+                filling = 2 * tf.math.count_nonzero(empty_sample, dtype=tf.int32) > sample
+
+            def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+                empty = tf.equal(new_held, self._empty_key(new_bucket)[:, None])  # (m, W)
+                quick, at = _nth_true(empty, rank)
+                slow = tf.where(at < 0)[:, 0]
+                ok, position, previous = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
+                return (tf.concat([quick, tf.gather(slow, ok)], 0), tf.concat([tf.gather(at, quick), position], 0),
+                        tf.concat([tf.fill(tf.shape(quick), tf.constant(_EMPTY, tf.int64)), previous], 0))
+
+            take, position, previous = tf.cond(filling, with_empty_rows, lambda: self._by_marks(new_bucket, rank, now))
+        else:  # (a single bucket's empty rows hold a key like any other: marks tell)
+            with tf.control_dependencies(touched):
+                take, position, previous = self._by_marks(new_bucket, rank, now)
+        take_group = tf.gather(group, take)
         taken = tf.gather(new_bucket, take) * width + tf.cast(position, tf.int64)
         placed_keys, placed = tf.gather(new_keys, take), tf.gather(new, take)  # (placed: index in `keys`)
-        previous = tf.gather(tf.reshape(marks, [-1]), slot)  # -1: the row was empty
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
         evicted = tf.boolean_mask(tf.gather(tf.reshape(held_keys, [-1]), held_at), previous >= 0)
-        new_rows = tf.gather(held_keys, tf.gather(new, first))  # (buckets, W): a row per bucket
+        new_rows = tf.gather(new_held, first)  # (buckets, W): a row per bucket
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])
         with tf.control_dependencies([evicted]):
@@ -276,6 +290,33 @@ class BucketedIndex:
                 placed_keys = tf.concat([placed_keys, tf.gather(keys, renewed)], 0)
                 taken = tf.concat([taken, tf.gather(row, renewed)], 0)
             return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(take, tf.int64))
+
+    def _by_marks(self, bucket: tf.Tensor, rank: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """For new keys of `bucket` with `rank` earlier new keys in it: (which of them may take a row,
+        its position in their bucket, the row's mark before, -1 for empty, int64): the rank-th
+        lowest-scored row, by the marks (read after this step's touches)."""
+        width = self.width
+        spans = tf.cast(bucket, tf.int32)[:, None] * width + tf.range(width)  # (s, W): the rows of each bucket
+        values = read_rows(self.marks, spans)
+        if self.packed:
+            marks = self._marks_of(values)
+            score = tf.where(marks >= 0, self._decayed(values, marks, now) * (1 << 32) + marks, _EMPTY)
+            top, stamp = _INT64_MAX, now
+        else:
+            marks = score = values
+            top, stamp = self.mark_dtype.max, tf.cast(now, self.mark_dtype)
+        score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
+        position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
+        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
+        order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
+        position = updated(position, later, tf.gather(order, tf.minimum(tf.gather(rank, later), width - 1),
+                                                      batch_dims=1))
+        # the slot each key would take, flat in its [W] row; it may if that row's score is below `top`
+        # (the rank-th lowest is then free: the free rows sort first) and its rank is below W
+        slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position
+        ok = tf.where((tf.gather(tf.reshape(score, [-1]), slot) < top) & (rank < width))[:, 0]
+        previous = tf.cast(tf.gather(tf.reshape(marks, [-1]), tf.gather(slot, ok)), tf.int64)
+        return ok, tf.gather(position, ok), previous
 
     # ------------------------------------------------------------------ on the host
     def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:
@@ -345,6 +386,30 @@ def _position(match: tf.Tensor) -> tf.Tensor:
     value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
     byte = tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64) // 8
     return tf.where(value != 0, word * 8 + byte, -1)
+
+
+def _nth_true(mask: tf.Tensor, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(the rows of `mask` ``[k, W]`` with more than ``n[row]`` Trues, int64; for every row the
+    position of its ``n``-th True counting from 0, int32, or -1 where there are not that many).
+
+    Rows whose ``n`` is 0 (most) take their first True from the bytes of one word (`_position`'s
+    packing): ``v & -v`` keeps the lowest set bit; the others count their Trues in order."""
+    width = int(mask.shape[1])
+    enough = n < tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+    if width == 8:
+        word = tf.bitcast(tf.cast(mask, tf.uint8), tf.uint64)  # (k,): slot i in byte i
+        low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
+        first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8
+        later = tf.where(enough & (n > 0))[:, 0]
+        sub = tf.gather(mask, later)
+        count = tf.cumsum(tf.cast(sub, tf.int32), axis=1)
+        at = updated(first, later, tf.cast(_position(sub & tf.equal(count, tf.gather(n, later)[:, None] + 1)),
+                                           tf.int32))
+    else:
+        count = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
+        at = tf.cast(_position(mask & tf.equal(count, n[:, None] + 1)), tf.int32)
+    at = tf.where(enough, at, -1)
+    return tf.where(enough)[:, 0], at
 
 
 def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle
-from sok_tutorial.embedding.buckets import _position, _rank_in_group, bucket_of_np
+from sok_tutorial.embedding.buckets import _nth_true, _position, _rank_in_group, bucket_of_np
 
 
 class Reference:
@@ -114,6 +114,20 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
     assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
+
+
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_nth_true_finds_a_new_key_s_empty_row(width):
+    """The rank-th empty row of a bucket (a new key with `rank` new keys before it in its bucket), or
+    -1 where the bucket has no more empty rows than that."""
+    rng = np.random.default_rng(width)
+    mask = rng.random((400, width)) < rng.choice([0.0, 0.2, 0.7, 1.0], (400, 1))
+    n = rng.integers(0, width, 400).astype(np.int32)
+    n[:100] = 0  # the common case: the first new key of its bucket
+    rows, at = _nth_true(tf.constant(mask), tf.constant(n))
+    expected = np.array([np.flatnonzero(m)[k] if k < m.sum() else -1 for m, k in zip(mask, n)])
+    assert at.numpy().tolist() == expected.tolist()
+    assert rows.numpy().tolist() == np.flatnonzero(expected >= 0).tolist()
 
 
 @pytest.mark.parametrize("width", [2, 4, 8, 16, 32])
