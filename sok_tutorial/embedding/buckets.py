@@ -56,6 +56,7 @@ Example:
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
 from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updated
 
@@ -167,10 +169,11 @@ class BucketedIndex:
         keys = np.zeros(self.capacity, np.int64)
         if self.num_buckets == 1:
             return keys
-        first, other = self._empty_pair()
+        first, other = self._empty_pair
         keys[first * self.width:(first + 1) * self.width] = other
         return keys
 
+    @functools.cached_property
     def _empty_pair(self) -> tuple[int, int]:
         """(the bucket of key 0, the key its empty slots hold): every other bucket's hold 0."""
         first = int(self.bucket_np(np.zeros(1, np.int64))[0])
@@ -179,7 +182,7 @@ class BucketedIndex:
 
     def _empty_key(self, bucket: tf.Tensor) -> tf.Tensor:
         """The key the empty slots of each of the buckets `bucket` (int64) hold (`empty_keys`)."""
-        first, other = self._empty_pair()
+        first, other = self._empty_pair
         return tf.where(tf.equal(bucket, first), tf.constant(other, tf.int64), tf.constant(0, tf.int64))
 
     @property
@@ -195,7 +198,7 @@ class BucketedIndex:
         match = tf.equal(held_keys, keys[:, None])
         if self.num_buckets == 1:  # no key of another bucket to mark empty slots with
             match &= self._marks_of(read_rows(self.marks, tf.range(self.width, dtype=tf.int64)))[None] >= 0
-        position = _position(match)
+        position = position_in_row(match)
         held = position >= 0
         row = bucket * self.width + tf.maximum(position, 0)
         if self.ttl is None:  # (the mark of a hit matters to expiry only)
@@ -247,21 +250,22 @@ class BucketedIndex:
             new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
-        rank, first = _rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
+        rank, first = rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
         new_held = tf.gather(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
         if self.num_buckets > 1:
             # A key whose bucket has more empty rows than new keys before it takes the rank-th empty row
             # (empty rows score lowest, in row order), found in the keys the lookup read without reading
             # marks. Taken when a sample of the step's new keys says most find an empty row (a table
             # filling up); at capacity every key goes by marks, which also find empty rows.
+            empty_key = self._empty_key(new_bucket)[:, None]
             sample = tf.minimum(tf.size(new), _SAMPLE)
-            empty_sample = tf.reduce_any(tf.equal(new_held[:sample], self._empty_key(new_bucket[:sample])[:, None]), 1)
+            empty_sample = tf.reduce_any(tf.equal(new_held[:sample], empty_key[:sample]), 1)
             with tf.control_dependencies(touched):  # this step's hits are taken
                 filling = 2 * tf.math.count_nonzero(empty_sample, dtype=tf.int32) > sample
 
             def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-                empty = tf.equal(new_held, self._empty_key(new_bucket)[:, None])  # (m, W)
-                quick, at = _nth_true(empty, rank)
+                empty = tf.equal(new_held, empty_key)  # (m, W)
+                quick, at = nth_true(empty, rank)
                 slow = tf.where(at < 0)[:, 0]
                 ok, position, previous = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
                 return (tf.concat([quick, tf.gather(slow, ok)], 0), tf.concat([tf.gather(at, quick), position], 0),
@@ -371,68 +375,3 @@ class BucketedIndex:
             self.marks.assign(np.where(row_marks >= 0, row_counts * (1 << 32) + row_marks + 1, 0))
         else:
             self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))
-
-
-def _position(match: tf.Tensor) -> tf.Tensor:
-    """Where the one True of each row of `match` ``[n, W]`` is, or -1 for none. Eight slots pack into
-    the bytes of one uint64, whose only set byte (a 1 in byte ``k``) is the position: ``value - 1``
-    then has ``8 k`` bits set."""
-    width = int(match.shape[1])
-    if width % 8:
-        return tf.reduce_max(tf.where(match, tf.range(width, dtype=tf.int64), -1), axis=1)
-    words = tf.bitcast(tf.reshape(tf.cast(match, tf.uint8), [-1, width // 8, 8]), tf.uint64)  # (n, W / 8)
-    word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
-        tf.zeros(tf.shape(words)[:1], tf.int64)
-    value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
-    byte = tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64) // 8
-    return tf.where(value != 0, word * 8 + byte, -1)
-
-
-def _nth_true(mask: tf.Tensor, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(the rows of `mask` ``[k, W]`` with more than ``n[row]`` Trues, int64; for every row the
-    position of its ``n``-th True counting from 0, int32, or -1 where there are not that many).
-
-    Rows whose ``n`` is 0 (most) take their first True from the bytes of one word (`_position`'s
-    packing): ``v & -v`` keeps the lowest set bit; the others count their Trues in order."""
-    width = int(mask.shape[1])
-    enough = n < tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-    if width == 8:
-        word = tf.bitcast(tf.cast(mask, tf.uint8), tf.uint64)  # (k,): slot i in byte i
-        low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
-        first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8
-        later = tf.where(enough & (n > 0))[:, 0]
-        sub = tf.gather(mask, later)
-        count = tf.cumsum(tf.cast(sub, tf.int32), axis=1)
-        at = updated(first, later, tf.cast(_position(sub & tf.equal(count, tf.gather(n, later)[:, None] + 1)),
-                                           tf.int32))
-    else:
-        count = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
-        at = tf.cast(_position(mask & tf.equal(count, n[:, None] + 1)), tf.int32)
-    at = tf.where(enough, at, -1)
-    return tf.where(enough)[:, 0], at
-
-
-def _rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-    """(for each element, how many earlier elements share its group, at most `limit`; the first
-    element of each group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as
-    `tf.unique` does).
-
-    In rounds, each settling the first pending element of every group: as many rounds as the
-    largest group (or `limit`), and work in proportion to the elements still pending (no sort); an
-    element's rank is the number of rounds it waited, counted once at the end."""
-    n = tf.size(groups)
-    first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
-
-    def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        group = tf.gather(groups, pending)
-        later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
-            pending, group, num_groups), group), pending))
-        return later, tf.concat([passed, later], 0), rounds + 1
-
-    start = tf.cast(tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0], tf.int32)
-    last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
-    passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
-                           [start, start, tf.constant(0, n.dtype)],
-                           shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])])[1]
-    # an element's rank: the rounds it was still behind another of its group in
-    return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first

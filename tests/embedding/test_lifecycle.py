@@ -11,7 +11,8 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle
-from sok_tutorial.embedding.buckets import _nth_true, _position, _rank_in_group, bucket_of_np
+from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding.buckets import bucket_of_np
 
 
 class Reference:
@@ -109,7 +110,7 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     """The rank that orders several new keys of one bucket: earlier keys of the same bucket, at
     most `limit` (a bucket's width: a key ranked there has no slot left)."""
     distinct, ids = tf.unique(tf.constant(groups, tf.int32), out_idx=tf.int32)
-    rank, first = _rank_in_group(ids, tf.size(distinct), limit=limit)
+    rank, first = rank_in_group(ids, tf.size(distinct), limit=limit)
     ids = ids.numpy()
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
@@ -124,7 +125,7 @@ def test_nth_true_finds_a_new_key_s_empty_row(width):
     mask = rng.random((400, width)) < rng.choice([0.0, 0.2, 0.7, 1.0], (400, 1))
     n = rng.integers(0, width, 400).astype(np.int32)
     n[:100] = 0  # the common case: the first new key of its bucket
-    rows, at = _nth_true(tf.constant(mask), tf.constant(n))
+    rows, at = nth_true(tf.constant(mask), tf.constant(n))
     expected = np.array([np.flatnonzero(m)[k] if k < m.sum() else -1 for m, k in zip(mask, n)])
     assert at.numpy().tolist() == expected.tolist()
     assert rows.numpy().tolist() == np.flatnonzero(expected >= 0).tolist()
@@ -138,7 +139,7 @@ def test_position_finds_the_one_match_of_each_bucket_row(width):
     where = np.concatenate([np.arange(-1, width), rng.integers(-1, width, 300)])
     match = np.zeros((len(where), width), bool)
     match[np.flatnonzero(where >= 0), where[where >= 0]] = True
-    assert _position(tf.constant(match)).numpy().tolist() == where.tolist()
+    assert position_in_row(tf.constant(match)).numpy().tolist() == where.tolist()
 
 
 def test_capacity_is_rounded_up_to_whole_buckets_and_the_index_is_12_bytes_a_row():

@@ -1,0 +1,81 @@
+"""Searches within the rows of a bucketed index (`sok_tutorial.embedding.buckets`), as whole-batch
+tensor ops with no Python per key: where the one matching slot of each row is
+(`position_in_row`), where the n-th True of each row is (`nth_true`: a new key's empty row), and
+how many earlier elements share each element's group (`rank_in_group`: the order of several new
+keys of one bucket).
+
+Example:
+    >>> import tensorflow as tf
+    >>> position_in_row(tf.constant([[False, True, False, False, False, False, False, False]])).numpy().tolist()
+    [1]
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from sok_tutorial.embedding.ops import updated
+
+
+def position_in_row(match: tf.Tensor) -> tf.Tensor:
+    """Where the one True of each row of `match` ``[n, W]`` is, or -1 for none. Eight slots pack into
+    the bytes of one uint64, whose only set byte (a 1 in byte ``k``) is the position: ``value - 1``
+    then has ``8 k`` bits set."""
+    width = int(match.shape[1])
+    if width % 8:
+        return tf.reduce_max(tf.where(match, tf.range(width, dtype=tf.int64), -1), axis=1)
+    words = tf.bitcast(tf.reshape(tf.cast(match, tf.uint8), [-1, width // 8, 8]), tf.uint64)  # (n, W / 8)
+    word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
+        tf.zeros(tf.shape(words)[:1], tf.int64)
+    value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
+    byte = tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64) // 8
+    return tf.where(value != 0, word * 8 + byte, -1)
+
+
+def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(the rows of `mask` ``[k, W]`` with more than ``n[row]`` Trues, int64; for every row the
+    position of its ``n``-th True counting from 0, int32, or -1 where there are not that many).
+
+    Rows whose ``n`` is 0 (most) take their first True from the bytes of one word (`position_in_row`'s
+    packing): ``v & -v`` keeps the lowest set bit; the others count their Trues in order."""
+    width = int(mask.shape[1])
+    enough = n < tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
+    if width == 8:
+        word = tf.bitcast(tf.cast(mask, tf.uint8), tf.uint64)  # (k,): slot i in byte i
+        low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
+        first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8
+        later = tf.where(enough & (n > 0))[:, 0]
+        sub = tf.gather(mask, later)
+        count = tf.cumsum(tf.cast(sub, tf.int32), axis=1)
+        at = updated(first, later, tf.cast(position_in_row(sub & tf.equal(count, tf.gather(n, later)[:, None] + 1)),
+                                           tf.int32))
+    else:
+        count = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
+        at = tf.cast(position_in_row(mask & tf.equal(count, n[:, None] + 1)), tf.int32)
+    at = tf.where(enough, at, -1)
+    return tf.where(enough)[:, 0], at
+
+
+def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(for each element, how many earlier elements share its group, at most `limit`; the first
+    element of each group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as
+    `tf.unique` does).
+
+    In rounds, each settling the first pending element of every group: as many rounds as the
+    largest group (or `limit`), and work in proportion to the elements still pending (no sort); an
+    element's rank is the number of rounds it waited, counted once at the end."""
+    n = tf.size(groups)
+    first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
+
+    def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        group = tf.gather(groups, pending)
+        later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
+            pending, group, num_groups), group), pending))
+        return later, tf.concat([passed, later], 0), rounds + 1
+
+    start = tf.cast(tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0], tf.int32)
+    last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
+    passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
+                           [start, start, tf.constant(0, n.dtype)],
+                           shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])])[1]
+    # an element's rank: the rounds it was still behind another of its group in
+    return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first
