@@ -25,6 +25,7 @@ _NAMES: dict[str, str] = {
     "replica_devices": "sok_tutorial.distribute",
     "make_strategy": "sok_tutorial.distribute",
     "resolve_device": "sok_tutorial.distribute",
+    "cpu_threads": "sok_tutorial.distribute",
     "rows_per_replica": "sok_tutorial.embedding",
     "plan_table_wise": "sok_tutorial.embedding",
     "column_slices": "sok_tutorial.embedding",

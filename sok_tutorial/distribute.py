@@ -97,6 +97,65 @@ def resolve_device(device: str = "auto") -> str:
     return "/GPU:0" if choice == "gpu" or (choice == "auto" and has_gpu) else "/CPU:0"
 
 
+def cpu_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # (no sched_getaffinity: macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def cpu_threads(intra_op: int = 1, inter_op: int | None = None, device: str = "auto") -> dict[str, int] | None:
+    """Run TensorFlow's ops on a CPU `intra_op` threads each, up to `inter_op` of them at once.
+
+    TensorFlow's default splits every op over all cores (intra-op parallelism) and runs as many
+    independent ops at once as there are cores (inter-op parallelism). A DLRM step is the other
+    shape: hundreds of small ops, many independent of each other (the tables' maps, the bottom
+    MLP beside the lookups, the interaction's slices of the batch), each too small for a split
+    to pay for its hand-offs. One thread per op with the cores running independent ops side by
+    side keeps both busy with useful work: ``benchmarks/embedding.py --group dlrm`` measures the
+    DLRM both ways (README). A model of a few large ops (one table's gather of 200k rows) runs
+    faster with TensorFlow's default, so this is a choice per model, not a library default.
+
+    TensorFlow fixes its threads when it starts: call this first, before any TensorFlow op (as
+    `replica_devices`). Calling it again with the same numbers does nothing.
+
+    Args:
+        intra_op: threads each op may use (>= 1).
+        inter_op: ops run at once; None: the cores this process may use (`cpu_cores`).
+        device: where the model trains, a notebook's ``DEVICE``: ``"cpu"`` sets the threads;
+            ``"gpu"`` leaves TensorFlow's default (the step's ops are the GPU's, and the host's
+            threads serve the input pipeline); ``"auto"``, the GPU when TensorFlow sees one.
+
+    Returns:
+        ``{"intra_op": ..., "inter_op": ...}`` as set, or None where the model trains on a GPU.
+
+    Raises:
+        ValueError: a bad argument, before anything is set.
+        RuntimeError: TensorFlow has started with other threads (nothing is changed).
+
+    Example (first thing in a script or notebook):
+        >>> import sok_tutorial as sok
+        >>> sok.cpu_threads()  # doctest: +SKIP
+        {'intra_op': 1, 'inter_op': 2}
+    """
+    intra_op = checks.positive_int("intra_op", intra_op)
+    inter_op = cpu_cores() if inter_op is None else checks.positive_int("inter_op", inter_op)
+    choice = _device_choice(device)
+    if choice == "gpu" or (choice == "auto" and tf.config.list_physical_devices("GPU")):
+        return None
+    threading = tf.config.threading
+    try:  # (both raise alike once TensorFlow runs, so the first one refusing leaves both as they were)
+        threading.set_intra_op_parallelism_threads(intra_op)
+        threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError as exc:
+        now = (threading.get_intra_op_parallelism_threads(), threading.get_inter_op_parallelism_threads())
+        raise RuntimeError(f"cpu_threads(intra_op={intra_op}, inter_op={inter_op}): TensorFlow already runs with "
+                           f"intra_op={now[0]}, inter_op={now[1]} (0: its default); call cpu_threads() before any "
+                           "TensorFlow op") from exc
+    return {"intra_op": intra_op, "inter_op": inter_op}
+
+
 @dataclass(frozen=True)
 class Context:
     """What `Init` found: the strategy and how a global batch splits over its replicas."""

@@ -142,14 +142,14 @@ def keyed_initial_values(keys: Any, dim: int, spec: InitSpec) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- in the graph
-_C1, _C2, _C3 = (tf.constant(c, tf.uint64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+_C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # (tensors made at use: importing starts no TF)
 
 
 def _mix64_tf(z: tf.Tensor) -> tf.Tensor:
     """``kernels.hashing.mix64`` on a uint64 tensor."""
-    z = z + _C1
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(30, tf.uint64))) * _C2
-    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(27, tf.uint64))) * _C3
+    z = z + tf.constant(_C1, tf.uint64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(30, tf.uint64))) * tf.constant(_C2, tf.uint64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(27, tf.uint64))) * tf.constant(_C3, tf.uint64)
     return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(31, tf.uint64)))
 
 
