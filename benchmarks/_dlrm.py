@@ -58,19 +58,26 @@ def write_batches(path: str | Path, steps: int = STEPS) -> Path:
     return path
 
 
-def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = False) -> dict[str, Any]:
+def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = False,
+          cpu_threads: bool = False) -> dict[str, Any]:
     """samples/s and cores busy of our DLRM with `optimizer` on the batches of `data` (with
     `profile`, and the top ops of the last 4 batches once more, under the profiler). With
     `pipeline`, the batches come from a ``tf.data`` pipeline that deduplicates their keys ahead
-    (``dataset.map(model.deduplicate).prefetch(2)``); a step's time includes taking its batch."""
+    (``dataset.map(model.deduplicate).prefetch(2)``); a step's time includes taking its batch.
+    With `cpu_threads`, each op runs on one thread and two at once
+    (`sok_tutorial.distribute.cpu_threads`), where the default splits each op over both cores."""
     import numpy as np
     import tensorflow as tf
+
+    import sok_tutorial as sok
 
     if not tf.config.threading.get_intra_op_parallelism_threads():  # before TensorFlow's runtime starts
         from benchmarks._tables import set_threads
 
-        set_threads(profile)
-    import sok_tutorial as sok
+        if cpu_threads and not profile:
+            sok.cpu_threads(1, 2, device="cpu")  # (2: the reference machine's cores, as set_threads)
+        else:
+            set_threads(profile)
     from data_gen.criteo import CAT_NAMES, CONT_NAMES
     from sok_tutorial.training.step import make_sok_step
 
@@ -125,13 +132,14 @@ def run_peer(python: str, peers: str, impl: str, optimizer: str, data: str) -> d
     return json.loads(line[0][7:])
 
 
-OURS = ("ours", "ours_pipeline")  # keys deduplicated in the step, or ahead in the input pipeline
+#: keys deduplicated in the step, or ahead in the input pipeline; the first with one thread per op (`train`)
+OURS = ("ours", "ours_pipeline", "ours_cpu_threads")
 
 
 def report(ours: dict[tuple[str, str], list[dict]],
            peers: dict[tuple[str, str], list[dict]]) -> tuple[list[dict], dict]:
     """Rows (medians over rounds) and goals (ours >= 2x each TorchRec DLRM) of the dlrm group;
-    `ours` by (``ours`` or ``ours_pipeline``, optimizer)."""
+    `ours` by (one of `OURS`, optimizer)."""
     rows, goals = [], {}
     for optimizer in OPTIMIZERS:
         sps = {}

@@ -42,7 +42,8 @@ collisions) and `MixedDimensionEmbedding` on the same Zipf keys: bytes and sampl
 ratio to the full table.
 Group ``dlrm`` (``benchmarks/_dlrm.py``): notebook 05's DLRM (26 tables, 708,027 rows, batch 2048)
 with SGD, Adagrad and row-wise Adagrad, its keys deduplicated in the step or ahead in the input
-pipeline (``ours_pipeline``: ``dataset.map(model.deduplicate)``), and with ``--torchrec`` TorchRec's DLRM
+pipeline (``ours_pipeline``: ``dataset.map(model.deduplicate)``), or in the step with one thread per op
+and two ops at once (``ours_cpu_threads``: `sok_tutorial.cpu_threads`), and with ``--torchrec`` TorchRec's DLRM
 (``bench_torchrec_dlrm.py``: DistributedModelParallel and a FusedEmbeddingBagCollection) on the
 same batches, interleaved; samples/s, cores busy, ratios (goal 2x); ``embedding_dlrm.json``.
 
@@ -203,9 +204,10 @@ def child(argv: list[str]) -> None:
         result = _precision.train(parts[1], steps, quick=parts[-1] == "quick")
     elif case.startswith("index:"):
         result = _tables.index(case.split(":")[1], steps)
-    elif case.startswith("dlrm:"):  # dlrm:<optimizer>:<batches file>[:profile|:pipeline]
+    elif case.startswith("dlrm:"):  # dlrm:<optimizer>:<batches file>[:profile|:pipeline|:cpu_threads]
         parts = case.split(":")
-        result = _dlrm.train(parts[1], parts[2], profile=parts[-1] == "profile", pipeline=parts[-1] == "pipeline")
+        result = _dlrm.train(parts[1], parts[2], profile=parts[-1] == "profile", pipeline=parts[-1] == "pipeline",
+                             cpu_threads=parts[-1] == "cpu_threads")
     elif case.startswith("keras_rs:"):  # keras_rs:<ours|keras_rs>
         result = _keras_rs.train(case.split(":")[1], rows, steps)
     else:
@@ -474,7 +476,8 @@ def dlrm(args: Any, run: Any) -> None:
         for optimizer in _dlrm.OPTIMIZERS:
             for system in _dlrm.OURS:
                 ours.setdefault((system, optimizer), []).append(
-                    run(f"dlrm:{optimizer}:{data}" + (":pipeline" if system == "ours_pipeline" else ""), 0, 0, ""))
+                    run(f"dlrm:{optimizer}:{data}" + {"ours_pipeline": ":pipeline", "ours_cpu_threads": ":cpu_threads"}
+                        .get(system, ""), 0, 0, ""))
             if args.torchrec:
                 for impl in ("dmp", "fused"):
                     peers.setdefault((impl, optimizer), []).append(
