@@ -11,6 +11,10 @@ def check_05(m: dict[str, Any], p: dict[str, Any]) -> None:
     devices, timed = m["devices"], bool(p["SPEED_STEPS"])
     assert m["steps"] == p["STEPS"] and m["batch_size"] == p["BATCH_SIZE"] and devices[0] in ("CPU", "GPU")
     assert m["interactions"] == p["INTERACTIONS"] and m["hashed_fields"]  # the largest fields are hashed
+    if p.get("CPU_THREADS", True) and "GPU" not in devices:  # set first thing, on a CPU only
+        assert m["cpu_threads"]["intra_op"] == 1 and m["cpu_threads"]["inter_op"] >= 1
+    else:
+        assert m["cpu_threads"] is None
     every = max(1, p["STEPS"] // p["EVALS"])  # the learning curves: an AUC every `every` steps and at the end
     for name, curve in m["val_auc_curves"].items():
         steps = [step for step, _ in curve]
