@@ -142,7 +142,7 @@ def keyed_initial_values(keys: Any, dim: int, spec: InitSpec) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- in the graph
-_C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # (tensors made at use: importing starts no TF)
+_C1, _C2, _C3 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # (tensors made at use: imports start no TF)
 
 
 def _mix64_tf(z: tf.Tensor) -> tf.Tensor:
