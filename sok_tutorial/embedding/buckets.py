@@ -32,7 +32,10 @@ A training step touches memory in proportion to its keys, never to the capacity:
    come back from the same call, for the eviction log and deltas; the buckets that took keys are
    written back as whole rows of ``keys``. While the table fills (a sample of the step's new keys
    mostly finds empty rows), a key whose bucket has an empty row for it takes it from the keys the
-   lookup read (an empty row holds its bucket's empty key), and only the others read marks.
+   lookup read (an empty row holds its bucket's empty key), and only the others read marks. The
+   marks of the new keys' buckets are read element by element, or, where the table holds at most
+   `ops.COPY_PER_GATHERED` (32) times the marks that reads, as one copy of all of them viewed as rows
+   (`read_spans`): whichever costs less, so the read stays bounded by the step's new keys.
 
 ``"ttl"`` expires lazily: a hit older than ``ttl`` counts as absent; a training lookup gives the
 key its own slot back with a fresh initial value, and until then exports and inference skip it.
@@ -66,7 +69,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
-from sok_tutorial.embedding.ops import local_view, read_rows, tf_variable, updated
+from sok_tutorial.embedding.ops import local_view, read_rows, read_spans, tf_variable, updated
 
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
@@ -300,8 +303,7 @@ class BucketedIndex:
         its position in their bucket, the row's mark before, -1 for empty, int64): the rank-th
         lowest-scored row, by the marks (read after this step's touches)."""
         width = self.width
-        spans = tf.cast(bucket, tf.int32)[:, None] * width + tf.range(width)  # (s, W): the rows of each bucket
-        values = read_rows(self.marks, spans)
+        values = read_spans(self.marks, tf.cast(bucket, tf.int32) * width, width)  # (s, W): each bucket's rows
         if self.packed:
             marks = self._marks_of(values)
             score = tf.where(marks >= 0, self._decayed(values, marks, now) * (1 << 32) + marks, _EMPTY)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding import EmbeddingTable, lifecycle
+from sok_tutorial.embedding import EmbeddingTable, lifecycle, ops
 from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.buckets import bucket_of_np
 
@@ -115,6 +115,23 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
     assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
+
+
+@pytest.mark.parametrize("spans", [1, 3, 40, 200])  # 1 and 3: gathered element by element; 40, 200: read as rows
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_read_spans_reads_each_bucket_s_marks_either_way(spans, dtype):
+    """The marks of new keys' buckets (`read_spans`): few buckets by single elements, many by one
+    read of the whole variable as rows; after scatters (which make TensorFlow copy on a dense read)
+    and with the same bucket twice, both give the same values."""
+    width, size = 8, 8 * 512
+    rng = np.random.default_rng(spans)
+    marks = tf.Variable(tf.cast(rng.integers(-1, 1000, size), dtype))
+    marks.scatter_update(tf.IndexedSlices(tf.constant([7, 7 * 8], dtype), tf.constant([3, 100])))
+    buckets = rng.integers(0, size // width, spans)
+    buckets[-1] = buckets[0]
+    assert (spans * width * ops.COPY_PER_GATHERED >= size) == (spans >= 40)
+    got = tf.function(lambda b: ops.read_spans(marks, b * width, width))(tf.constant(buckets, tf.int32))
+    np.testing.assert_array_equal(got.numpy(), marks.numpy().reshape(-1, width)[buckets])
 
 
 @pytest.mark.parametrize("width", [4, 8, 16])
