@@ -132,7 +132,8 @@ def run_peer(python: str, peers: str, impl: str, optimizer: str, data: str) -> d
     return json.loads(line[0][7:])
 
 
-#: keys deduplicated in the step, or ahead in the input pipeline; the first with one thread per op (`train`)
+#: keys deduplicated in the step (``ours``), ahead in the input pipeline (``ours_pipeline``), or in the
+#: step with one thread per op and two ops at once (``ours_cpu_threads``; `train`)
 OURS = ("ours", "ours_pipeline", "ours_cpu_threads")
 
 
