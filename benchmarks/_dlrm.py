@@ -132,9 +132,11 @@ def run_peer(python: str, peers: str, impl: str, optimizer: str, data: str) -> d
     return json.loads(line[0][7:])
 
 
-#: keys deduplicated in the step (``ours``), ahead in the input pipeline (``ours_pipeline``), or in the
-#: step with one thread per op and two ops at once (``ours_cpu_threads``; `train`)
-OURS = ("ours", "ours_pipeline", "ours_cpu_threads")
+#: our systems and the suffix of their benchmark case: keys deduplicated in the step (``ours``), ahead
+#: in the input pipeline (``ours_pipeline``), or in the step with one thread per op and two ops at once
+#: (``ours_cpu_threads``; `train`)
+CASE_SUFFIX = {"ours": "", "ours_pipeline": ":pipeline", "ours_cpu_threads": ":cpu_threads"}
+OURS = tuple(CASE_SUFFIX)
 
 
 def report(ours: dict[tuple[str, str], list[dict]],

@@ -476,8 +476,7 @@ def dlrm(args: Any, run: Any) -> None:
         for optimizer in _dlrm.OPTIMIZERS:
             for system in _dlrm.OURS:
                 ours.setdefault((system, optimizer), []).append(
-                    run(f"dlrm:{optimizer}:{data}" + {"ours_pipeline": ":pipeline", "ours_cpu_threads": ":cpu_threads"}
-                        .get(system, ""), 0, 0, ""))
+                    run(f"dlrm:{optimizer}:{data}{_dlrm.CASE_SUFFIX[system]}", 0, 0, ""))
             if args.torchrec:
                 for impl in ("dmp", "fused"):
                     peers.setdefault((impl, optimizer), []).append(

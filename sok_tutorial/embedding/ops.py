@@ -201,7 +201,7 @@ def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
     starts = tf.cast(starts, tf.int32)
 
     def by_elements() -> tf.Tensor:
-        return tf.gather(local, starts[:, None] + tf.range(width))
+        return read_rows(variable, starts[:, None] + tf.range(width))
 
     def by_rows() -> tf.Tensor:
         return tf.gather(tf.reshape(local.read_value(), [size // width, width]), starts // width)
