@@ -4,23 +4,28 @@ This is the index of a table that never drops a key (no eviction policy); a tabl
 the bucketed index of `sok_tutorial.embedding.buckets`. It is three variables of the table (of
 each shard, when the table is sharded)::
 
-    slot_rows  [S] int64         open addressing: the row of the key in each slot, -1 for empty
+    slots      [S, 2] int64      open addressing: the (key, row) in each slot, row -1 for empty
     row_keys   [capacity] int64  the key of each row; rows 0 .. size-1 are in use
     size       [] int64          rows in use; a new key gets row ``size``
 
 ``S`` is the power of two at least twice the capacity, so at most half the slots are ever full.
 A key's home slot is the top bits of a 64-bit mix of the key, and collisions probe the following
-slots (linear probing). Emptiness lives in ``slot_rows`` and no key value is reserved: ``0``,
-negatives, ``-2**63`` and ``2**63 - 1`` are keys like any other. It costs 24 bytes per row of
-capacity. Everything is TensorFlow ops on TensorFlow variables, so the index works in
-``model.fit``, in ``tf.function``, under ``tf.distribute`` (its variables are mirrored; each
-replica writes its own copy), and it is saved with the table by checkpoints and SavedModels.
+slots (linear probing). Emptiness lives in the row half of a slot and no key value is reserved:
+``0``, negatives, ``-2**63`` and ``2**63 - 1`` are keys like any other. A slot holds its key
+beside its row, so a lookup reads one 16-byte slot, one cache line, where a slot holding only
+the row would need a second read (of ``row_keys``, at a row found first) to tell its key apart
+from another's. That costs 40 to 72 bytes per row of capacity (``16 * S / capacity + 8``);
+``row_keys`` serves exports (the key of each row) and the input pipeline's lookups
+(`sok_tutorial.embedding.table_ahead`), never a step's own lookup. Everything is TensorFlow ops
+on TensorFlow variables, so the index works in ``model.fit``, in ``tf.function``, under
+``tf.distribute`` (its variables are mirrored; each replica writes its own copy), and it is saved
+with the table by checkpoints and SavedModels.
 
-A lookup probes all keys at once: one gather of their home slots and one of the keys of the rows
-found there settle most keys, and the few that collided probe on in a ``tf.while_loop`` over the
-shrinking rest. New keys (distinct, absent) take rows ``size, size + 1, ...`` in the order given,
-and each claims the empty slot its lookup ended on. When several new keys claim one slot, one
-scatter decides, a gather back tells each key whether it won, and the losers probe on.
+A lookup probes all keys at once: one gather of their home slots settles most keys, and the few
+that collided probe on in a ``tf.while_loop`` over the shrinking rest. New keys (distinct,
+absent) take rows ``size, size + 1, ...`` in the order given, and each claims the empty slot its
+lookup ended on, writing its key and row there. When several new keys claim one slot, one scatter
+decides, a gather back tells each key whether it won, and the losers probe on.
 
 ``benchmarks/embedding.py`` (``index`` cases) times this index beside TensorFlow's two
 lookup-table resources, ``tf.lookup.experimental.DenseHashTable`` and ``MutableHashTable``, on
@@ -59,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.dedup import mix_keys
@@ -87,21 +93,36 @@ def num_slots(capacity: int) -> int:
 
 @dataclass
 class IndexVariables:
-    """The index's state (see the module docstring); ``slot_rows.shape[0]`` is a power of two."""
+    """The index's state (see the module docstring); ``slots.shape[0]`` is a power of two."""
 
-    slot_rows: Any
+    slots: Any
     row_keys: Any
     size: Any
 
     @classmethod
     def create(cls, capacity: int) -> IndexVariables:
         """Fresh tf.Variables (a table creates its own through Keras; this serves tests and examples)."""
-        return cls(tf.Variable(tf.fill([num_slots(capacity)], tf.constant(_EMPTY, tf.int64))),
+        return cls(tf.Variable(empty_slots(num_slots(capacity))),
                    tf.Variable(tf.zeros([capacity], tf.int64)), tf.Variable(tf.constant(0, tf.int64)))
 
     @property
     def bits(self) -> int:
-        return int(self.slot_rows.shape[0]).bit_length() - 1
+        return int(self.slots.shape[0]).bit_length() - 1
+
+
+def empty_slots(count: int) -> tf.Tensor:
+    """``[count, 2]`` int64 slots holding no key (every element -1: the row half says empty)."""
+    return tf.fill([count, 2], tf.constant(_EMPTY, tf.int64))
+
+
+def slots_of_rows(slot_rows: Any, row_keys: Any) -> np.ndarray:
+    """The ``[S, 2]`` slots of an index saved as ``slot_rows`` ``[S]`` (the row in each slot, -1 for
+    empty) beside its ``row_keys``: NumPy arrays of an index of the earlier format, each slot's key
+    put back beside its row. Every key stays in the slot it had."""
+    slot_rows, row_keys = np.asarray(slot_rows, np.int64), np.asarray(row_keys, np.int64)
+    held = slot_rows >= 0
+    keys = np.where(held, row_keys[np.where(held, slot_rows, 0)], _EMPTY)
+    return np.stack([keys, slot_rows], 1)
 
 
 def home_slots(keys: tf.Tensor, bits: int) -> tf.Tensor:
@@ -110,10 +131,9 @@ def home_slots(keys: tf.Tensor, bits: int) -> tf.Tensor:
 
 
 def _probe(index: IndexVariables, keys: tf.Tensor, slots: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(row in each slot, whether it holds the key)."""
-    rows = read_rows(index.slot_rows, slots)
-    hit = (rows >= 0) & tf.equal(read_rows(index.row_keys, tf.maximum(rows, 0)), keys)
-    return rows, hit
+    """(row in each slot, whether it holds the key): one read of each slot, its key and row."""
+    held, rows = tf.unstack(read_rows(index.slots, slots), axis=1)
+    return rows, (rows >= 0) & tf.equal(held, keys)
 
 
 def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -152,23 +172,24 @@ def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Te
     mask = tf.constant((1 << index.bits) - 1, tf.int64)
     written = index.row_keys.scatter_update(tf.IndexedSlices(keys, rows))
 
-    def claim(rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
-        """Claim slots `at` (empty) for `rows`; the rows that lost their slot to another."""
-        with tf.control_dependencies([index.slot_rows.scatter_update(tf.IndexedSlices(rows, at))]):
-            return tf.not_equal(read_rows(index.slot_rows, at), rows)
+    def claim(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tf.Tensor:
+        """Claim slots `at` (empty) for `keys` and their `rows`; the keys that lost their slot to another."""
+        pairs = tf.stack([keys, rows], 1)
+        with tf.control_dependencies([index.slots.scatter_update(tf.IndexedSlices(pairs, at))]):
+            return tf.not_equal(read_rows(index.slots, at)[:, 1], rows)
 
-    def body(rows: tf.Tensor, at: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def body(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         at = (at + 1) & mask
-        free = read_rows(index.slot_rows, at) < 0
-        lost = claim(tf.boolean_mask(rows, free), tf.boolean_mask(at, free))
+        free = read_rows(index.slots, at)[:, 1] < 0
+        lost = claim(tf.boolean_mask(keys, free), tf.boolean_mask(rows, free), tf.boolean_mask(at, free))
         again = tf.tensor_scatter_nd_update(~free, tf.where(free), lost)  # occupied, or lost the claim
-        return tf.boolean_mask(rows, again), tf.boolean_mask(at, again)
+        return tf.boolean_mask(keys, again), tf.boolean_mask(rows, again), tf.boolean_mask(at, again)
 
     with tf.control_dependencies([written]):
-        lost = claim(rows, slots)
-        placed = tf.while_loop(lambda rows, _: tf.size(rows) > 0, body,
-                               [tf.boolean_mask(rows, lost), tf.boolean_mask(slots, lost)],
-                               shape_invariants=[tf.TensorShape([None])] * 2)
+        lost = claim(keys, rows, slots)
+        placed = tf.while_loop(lambda keys, *_: tf.size(keys) > 0, body,
+                               [tf.boolean_mask(keys, lost), tf.boolean_mask(rows, lost), tf.boolean_mask(slots, lost)],
+                               shape_invariants=[tf.TensorShape([None])] * 3)
     with tf.control_dependencies(placed):
         return tf.no_op()
 

@@ -210,8 +210,8 @@ def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: b
     out = rows * width * (DTYPE_BYTES[dtype] + 4 * per_element) + rows * 4 * per_row
     if life is not None:
         out += life.state_bytes(rows)
-    if indexed and not (life is not None and life.evicts):  # slot_rows, row_keys, size
-        out += num_slots(rows) * 8 + rows * 8 + 8
+    if indexed and not (life is not None and life.evicts):  # slots (key, row), row_keys, size
+        out += num_slots(rows) * 16 + rows * 8 + 8
     if table_wise:  # row_slots
         out += rows * 8
     return out

@@ -164,8 +164,8 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             self.variable.constraint = DenseOptimizerGuard(self.name, self.precision.storage)
         if self.indexed and not self.lifecycle.evicts:  # (a table that evicts has a bucketed index)
             slots, capacity = key_index.num_slots(self.capacity), self.capacity
-            self._slot_rows = self.add_weight(name="slot_rows", shape=(slots,), dtype="int64", trainable=False,
-                                              initializer=keras.initializers.Constant(-1))
+            self._slots = self.add_weight(name="slots", shape=(slots, 2), dtype="int64", trainable=False,
+                                          initializer=keras.initializers.Constant(-1))
             self._row_keys = self.add_weight(name="row_keys", shape=(capacity,), dtype="int64", trainable=False,
                                              initializer="zeros")
             self._size = self.add_weight(name="size", shape=(), dtype="int64", trainable=False, initializer="zeros")
@@ -193,9 +193,9 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
     def index_variables(self, component: int | None = None) -> key_index.IndexVariables:
         """The index variables: mirrored ones (replica context writes its own copy) or one shard's."""
         if component is None:
-            return key_index.IndexVariables(self._slot_rows.value, self._row_keys.value, self._size.value)
+            return key_index.IndexVariables(self._slots.value, self._row_keys.value, self._size.value)
         return key_index.IndexVariables(*(local_components(v)[component]
-                                          for v in (self._slot_rows, self._row_keys, self._size)))
+                                          for v in (self._slots, self._row_keys, self._size)))
 
     @property
     def buckets(self) -> Any:
@@ -235,7 +235,7 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             return 0
         if self.buckets is not None:
             return self.buckets.bytes_per_row
-        return (8 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
+        return (16 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
         """The variables of `optimizer` holding per-row state of this table (first dimension = rows);
@@ -265,7 +265,16 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
 
     def load_own_variables(self, store: Any) -> None:
         """Keras weights files: a table with a policy refuses weights of another index layout (an older
-        format, or another ``bucket_capacity``) with a message saying so, before writing anything."""
+        format, or another ``bucket_capacity``) with a message saying so, before writing anything. A
+        table without one takes the earlier format of its index too (``slot_rows`` ``[S]``: a slot
+        held its row only), each slot's key put back beside its row (`key_index.slots_of_rows`)."""
+        if self.indexed and not self.lifecycle.evicts:
+            order = self._trainable_variables + self._non_trainable_variables
+            at = [i for i, v in enumerate(order) if v is self._slots][0]
+            earlier = store[str(at)]
+            if len(earlier.shape) == 1 and earlier.shape[0] == self._slots.shape[0]:
+                keys = store[str([i for i, v in enumerate(order) if v is self._row_keys][0])]
+                store = {**{k: store[k] for k in store.keys()}, str(at): key_index.slots_of_rows(earlier, keys)}
         if self.lifecycle.evicts:
             mine = [tuple(v.shape) for v in self.variables]
             theirs = [tuple(store[str(i)].shape) for i in range(len(store.keys()))]

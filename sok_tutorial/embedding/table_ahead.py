@@ -26,7 +26,7 @@ class RowsAhead:
         lookups: a built dynamic table held whole by one copy, without a policy, admission or change
         tracking (whose rows never move while it trains)."""
         return self.built and self.indexed and not self.lifecycle.active and \
-            len(local_components(self._slot_rows)) == 1
+            len(local_components(self._slots)) == 1
 
     def rows_ahead(self, ready: UniqueKeys) -> UniqueKeys:
         """`ready` with the rows this table's index holds for its distinct keys now (-1: none), read

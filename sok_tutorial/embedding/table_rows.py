@@ -140,7 +140,7 @@ class RowsByKey:
         """Write `keys` and their rows into one local shard (rebuilding its index)."""
         if self.indexed:
             index = self.index_variables(component)
-            index.slot_rows.assign(tf.fill(index.slot_rows.shape, tf.constant(-1, tf.int64)))
+            index.slots.assign(key_index.empty_slots(index.slots.shape[0]))
             index.size.assign(0)
             key_index.lookup_or_insert(index, tf.constant(keys), self.capacity, self.name)
             rows = np.arange(len(keys), dtype=np.int64)

@@ -40,7 +40,7 @@ def test_every_replica_holds_the_same_key_index_and_its_own_columns(strategy_of)
     _, _, layer, opt = _fit(strategy_of(2), "column", True, "adam")
     table = layer.table
     index = [table.index_variables(c) for c in range(len(table.local_shards))]  # each replica's index
-    for name in ("slot_rows", "row_keys", "size"):
+    for name in ("slots", "row_keys", "size"):
         parts = [getattr(i, name).numpy() for i in index]
         for p in parts[1:]:
             np.testing.assert_array_equal(p, parts[0])

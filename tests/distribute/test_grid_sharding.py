@@ -65,7 +65,7 @@ def test_the_replicas_of_a_row_group_share_a_key_index_and_hold_their_columns(st
     *_, layer, opt = _fit(strategy_of(4), "row_column")
     table = layer.table
     replicas = [table.index_variables(c) for c in range(len(table.local_shards))]
-    index = [[getattr(i, name).numpy() for i in replicas] for name in ("slot_rows", "row_keys", "size")]
+    index = [[getattr(i, name).numpy() for i in replicas] for name in ("slots", "row_keys", "size")]
     for parts in index:
         np.testing.assert_array_equal(parts[0], parts[1])  # row group 0: replicas 0 and 1
         np.testing.assert_array_equal(parts[2], parts[3])  # row group 1: replicas 2 and 3

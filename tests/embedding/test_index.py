@@ -22,11 +22,14 @@ int64s = st.one_of(st.sampled_from([LOW, LOW + 1, -1, 0, 1, HIGH - 1, HIGH]), st
 
 
 def _check_layout(index: IndexVariables) -> None:
-    """Every key in use sits in one slot, reachable from its home slot without crossing an empty one."""
-    slot_rows, row_keys, size = index.slot_rows.numpy(), index.row_keys.numpy(), int(index.size.numpy())
+    """Every key in use sits in one slot beside its row, reachable from its home slot without crossing
+    an empty one."""
+    slots, row_keys, size = index.slots.numpy(), index.row_keys.numpy(), int(index.size.numpy())
+    slot_keys, slot_rows = slots[:, 0], slots[:, 1]
     occupied = np.flatnonzero(slot_rows >= 0)
     assert sorted(slot_rows[occupied].tolist()) == list(range(size))
-    homes = home_slots(tf.constant(row_keys[slot_rows[occupied]]), index.bits).numpy()
+    np.testing.assert_array_equal(slot_keys[occupied], row_keys[slot_rows[occupied]])  # the key beside its row
+    homes = home_slots(tf.constant(slot_keys[occupied]), index.bits).numpy()
     for slot, home in zip(occupied, homes):
         path = np.arange(home, home + (slot - home) % len(slot_rows)) % len(slot_rows)
         assert (slot_rows[path] >= 0).all()
@@ -64,14 +67,14 @@ def test_a_crowded_index_places_colliding_keys():
 def test_a_full_table_refuses_new_keys_and_writes_nothing():
     index = IndexVariables.create(capacity=3)
     lookup_or_insert(index, tf.constant([5, 6], tf.int64), 3, "items")
-    before = [v.numpy().copy() for v in (index.slot_rows, index.row_keys, index.size)]
+    before = [v.numpy().copy() for v in (index.slots, index.row_keys, index.size)]
     with pytest.raises(VocabularyExhausted, match="items: vocabulary exhausted: 4 distinct keys need rows but "
                                                   r"max_vocabulary_size_per_gpu=3 \(2 held, 2 new in this batch\)"):
         lookup_or_insert(index, tf.constant([5, 7, 8], tf.int64), 3, "items")
     graph = tf.function(lambda k: lookup_or_insert(index, k, 3, "items"))
     with pytest.raises(tf.errors.InvalidArgumentError, match="4 distinct keys need rows"):
         graph(tf.constant([7, 8], tf.int64))
-    for v, b in zip((index.slot_rows, index.row_keys, index.size), before):
+    for v, b in zip((index.slots, index.row_keys, index.size), before):
         np.testing.assert_array_equal(v.numpy(), b)
     assert issubclass(VocabularyExhausted, tf.errors.InvalidArgumentError)
     rows, new_keys, _ = graph(tf.constant([6, 7], tf.int64))  # one more key still fits
@@ -88,3 +91,32 @@ def test_empty_batches_and_no_python_in_the_graph():
     for f in graph._functions.values():
         ops |= {node.op for node in f.definition.node_def}
     assert not ops & {"PyFunc", "PyFuncStateless", "EagerPyFunc"} and "ResourceScatterUpdate" in ops
+
+
+def test_keras_weights_of_the_earlier_index_format_load_with_each_key_beside_its_row(tmp_path):
+    """Weights saved when a slot held only its row (``slot_rows`` ``[S]``) load into ``[S, 2]`` slots."""
+    import h5py
+    import keras
+
+    from sok_tutorial.embedding import EmbeddingTable
+
+    def model() -> keras.Model:
+        return keras.Sequential([keras.Input((1,), dtype="int64"), EmbeddingTable(100, 2, name="items")])
+
+    saved = model()
+    keys = tf.constant([[5], [-3], [2**63 - 1], [-2**63], [0]], tf.int64)
+    vectors = saved.layers[0](keys, training=True).numpy()
+    saved.save_weights(tmp_path / "w.weights.h5")
+    with h5py.File(tmp_path / "w.weights.h5", "r+") as f:  # the earlier format: the row of each slot only
+        group = next(g for g in f["layers"].values() if "vars" in g)["vars"]
+        slots = group["1"][...]
+        del group["1"]
+        group["1"] = slots[:, 1]
+    loaded = model()
+    loaded.load_weights(tmp_path / "w.weights.h5")
+    table = loaded.layers[0]
+    np.testing.assert_array_equal(table.index_variables().slots.numpy(), slots)
+    _check_layout(table.index_variables())
+    np.testing.assert_array_equal(table(keys).numpy(), vectors)
+    rows, new_keys, _ = lookup_or_insert(table.index_variables(), tf.constant([7, 5], tf.int64), 100, "items")
+    assert rows.numpy().tolist() == [5, 0] and new_keys.numpy().tolist() == [7]

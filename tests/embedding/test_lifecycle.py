@@ -164,7 +164,7 @@ def test_capacity_is_rounded_up_to_whole_buckets_and_the_index_is_12_bytes_a_row
     assert table.capacity == 104 and table.index_bytes_per_row == 12
     assert EmbeddingTable(100, 2, eviction_policy="lfu", bucket_capacity=16).capacity == 112
     assert EmbeddingTable(100, 2, eviction_policy="lfu").index_bytes_per_row == 16
-    assert EmbeddingTable(128, 2).index_bytes_per_row == 24 and EmbeddingTable(100, 2).capacity == 100
+    assert EmbeddingTable(128, 2).index_bytes_per_row == 40 and EmbeddingTable(100, 2).capacity == 100
     table.build()
     assert table.variable.shape == (104, 2) and table.buckets.keys.shape == (13, 8)
 
