@@ -14,7 +14,7 @@ slots (linear probing). Emptiness lives in the row half of a slot and no key val
 ``0``, negatives, ``-2**63`` and ``2**63 - 1`` are keys like any other. A slot holds its key
 beside its row, so a lookup reads one 16-byte slot, one cache line, where a slot holding only
 the row would need a second read (of ``row_keys``, at a row found first) to tell its key apart
-from another's. That costs 40 to 72 bytes per row of capacity (``16 * S / capacity + 8``);
+from another's. That costs ``16 * S / capacity + 8`` bytes per row, 40 to 72 from 4 rows up;
 ``row_keys`` serves exports (the key of each row) and the input pipeline's lookups
 (`sok_tutorial.embedding.table_ahead`), never a step's own lookup. Everything is TensorFlow ops
 on TensorFlow variables, so the index works in ``model.fit``, in ``tf.function``, under

@@ -271,8 +271,8 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
         if self.indexed and not self.lifecycle.evicts:
             order = self._trainable_variables + self._non_trainable_variables
             at = [i for i, v in enumerate(order) if v is self._slots][0]
-            earlier = store[str(at)]
-            if len(earlier.shape) == 1 and earlier.shape[0] == self._slots.shape[0]:
+            earlier = store[str(at)] if str(at) in store.keys() else None  # (a count mismatch: Keras says so)
+            if earlier is not None and len(earlier.shape) == 1 and earlier.shape[0] == self._slots.shape[0]:
                 keys = store[str([i for i, v in enumerate(order) if v is self._row_keys][0])]
                 store = {**{k: store[k] for k in store.keys()}, str(at): key_index.slots_of_rows(earlier, keys)}
         if self.lifecycle.evicts:
