@@ -71,11 +71,12 @@ huge pages at the end of each run; ``embedding_hugepages.json``.
 
     python benchmarks/embedding.py [--quick]
                                    [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
-                                            |keras_rs|dlrm|hugepages]
+                                            |keras_rs|dlrm|hugepages, or several with commas]
                                    [--steps N] [--repeat 3] [--out build/bench] [--hugepages]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -282,10 +283,25 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
     return table, {"goals": goals, "profiles_ms_per_step": profiles}
 
 
+def group_names(value: str) -> list[str]:
+    """The groups `--group` names: ``all``, or one or more of `GROUPS` separated by commas.
+
+    >>> group_names("torchrec_shape,dlrm")
+    ['torchrec_shape', 'dlrm']
+    """
+    names = list(GROUPS) if value == "all" else [name.strip() for name in value.split(",")]
+    unknown = [name for name in names if name not in GROUPS]
+    if unknown or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected 'all' or distinct names among "
+                                         f"{', '.join(GROUPS)}, separated by commas")
+    return names
+
+
 def main() -> None:
     parser = _bench.parser(__doc__)
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--group", default="all", choices=["all", *GROUPS])
+    parser.add_argument("--group", default="all", type=group_names,
+                        help="all, or groups separated by commas (e.g. torchrec_shape,dlrm: both from one run)")
     parser.add_argument("--torchrec", default=None, help="python of a TorchRec virtualenv (runs the peer too)")
     parser.add_argument("--peers", default=str(_HERE.parent.parent / "shared" / "peers"),
                         help="folder holding bench_torchrec.py")
@@ -293,7 +309,7 @@ def main() -> None:
                         help="every case with glibc's huge-page advice (HUGE_PAGES), and TorchRec with PyTorch's "
                              "THP_MEM_ALLOC_ENABLE=1 (write to another --out to keep the default run's JSON)")
     args = parser.parse_args()
-    groups = list(GROUPS) if args.group == "all" else [args.group]
+    groups = args.group
 
     def run(case: str, rows: int, steps: int, keys: str, env: dict[str, str] | None = None) -> dict | float:
         env = (HUGE_PAGES if args.hugepages else {}) if env is None else env  # (the hugepages group sets its own)
