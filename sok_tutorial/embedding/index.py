@@ -91,6 +91,12 @@ def num_slots(capacity: int) -> int:
     return 1 << max(3, math.ceil(math.log2(2 * capacity)))
 
 
+def index_bytes(capacity: int) -> int:
+    """Bytes of the slots (key and row, 16 a slot) and row keys (8 a row) of a table of `capacity`
+    rows; the ``size`` scalar aside."""
+    return 16 * num_slots(capacity) + 8 * capacity
+
+
 @dataclass
 class IndexVariables:
     """The index's state (see the module docstring); ``slots.shape[0]`` is a power of two."""

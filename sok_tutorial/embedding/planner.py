@@ -19,7 +19,7 @@ The cost model, per replica and training step, with N replicas and K = ids per r
 * **bytes held**: exactly the variables the layer creates (`replica_bytes` measures the same):
   rows x width x the storage type, the optimizer's slots (Adam 2 floats per element, Adagrad and
   FTRL 1 or 2, row-wise Adagrad 1 per row), and for an indexed table its key index
-  (``index.num_slots(rows)`` + rows int64s, plus a slot id per row table-wise); a table that
+  (`index.index_bytes`: two int64s a slot, one a row; plus a slot id per row table-wise); a table that
   forgets (`TableSpec.lifecycle`) adds its lifecycle state, whose bucketed index replaces that
   key index (`sok_tutorial.embedding.lifecycle.Lifecycle.state_bytes`);
 * **bytes exchanged**: `placement.exchange_bytes`, counted from the collectives the layers issue;
@@ -57,7 +57,7 @@ from typing import Any
 
 from kernels import checks
 from sok_tutorial.embedding import lifecycle
-from sok_tutorial.embedding.index import num_slots
+from sok_tutorial.embedding.index import index_bytes
 from sok_tutorial.embedding.layouts import SHARDINGS, layout_of
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -211,7 +211,7 @@ def table_bytes(rows: int, width: int, dtype: str, optimizer: str, *, indexed: b
     if life is not None:
         out += life.state_bytes(rows)
     if indexed and not (life is not None and life.evicts):  # slots (key, row), row_keys, size
-        out += num_slots(rows) * 16 + rows * 8 + 8
+        out += index_bytes(rows) + 8
     if table_wise:  # row_slots
         out += rows * 8
     return out

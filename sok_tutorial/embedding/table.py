@@ -235,7 +235,7 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             return 0
         if self.buckets is not None:
             return self.buckets.bytes_per_row
-        return (16 * key_index.num_slots(self.capacity) + 8 * self.capacity) // self.capacity
+        return key_index.index_bytes(self.capacity) // self.capacity
 
     def optimizer_slots(self, optimizer: Any) -> list[Any]:
         """The variables of `optimizer` holding per-row state of this table (first dimension = rows);
@@ -269,12 +269,12 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
         table without one takes the earlier format of its index too (``slot_rows`` ``[S]``: a slot
         held its row only), each slot's key put back beside its row (`key_index.slots_of_rows`)."""
         if self.indexed and not self.lifecycle.evicts:
-            order = self._trainable_variables + self._non_trainable_variables
-            at = [i for i, v in enumerate(order) if v is self._slots][0]
-            earlier = store[str(at)] if str(at) in store.keys() else None  # (a count mismatch: Keras says so)
+            position = {id(v): str(i) for i, v in enumerate(self._trainable_variables + self._non_trainable_variables)}
+            at = position[id(self._slots)]
+            earlier = store[at] if at in store.keys() else None  # (a count mismatch: Keras says so)
             if earlier is not None and len(earlier.shape) == 1 and earlier.shape[0] == self._slots.shape[0]:
-                keys = store[str([i for i, v in enumerate(order) if v is self._row_keys][0])]
-                store = {**{k: store[k] for k in store.keys()}, str(at): key_index.slots_of_rows(earlier, keys)}
+                keys = store[position[id(self._row_keys)]]
+                store = {**{k: store[k] for k in store.keys()}, at: key_index.slots_of_rows(earlier, keys)}
         if self.lifecycle.evicts:
             mine = [tuple(v.shape) for v in self.variables]
             theirs = [tuple(store[str(i)].shape) for i in range(len(store.keys()))]
