@@ -99,9 +99,9 @@ class LifecycleOps:
             seen = tf.reduce_min(values, axis=0) + tf.cast(counts, tf.int32)  # this step's sightings included
             # conservative update: only the cells below a key's new estimate rise, to it (a cell at the
             # minimum, usually one of the depth), so a key's estimate never falls below its count
-            low = values < seen[None]
-            counted = sketch.scatter_max(tf.IndexedSlices(tf.boolean_mask(tf.broadcast_to(seen[None], tf.shape(cells)),
-                                                                          low), tf.boolean_mask(cells, low)))
+            low = tf.where(tf.reshape(values < seen[None], [-1]))[:, 0]  # (flat: depth-major)
+            counted = self._raise(sketch, tf.gather(tf.reshape(cells, [-1]), low),
+                                  tf.gather(seen, low % tf.size(seen, tf.int64)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             with tf.control_dependencies([counted]):
                 halve = added >= SKETCH_SAMPLE * self.capacity
@@ -113,6 +113,16 @@ class LifecycleOps:
             draw = tf.cast(key_index.home_slots(salt, 24), tf.float64) / float(1 << 24)
             ok &= draw < life.admit_probability
         return ok
+
+    @staticmethod
+    def _raise(sketch: Any, cells: tf.Tensor, values: tf.Tensor) -> tf.Operation:
+        """``sketch[cells] = max(sketch[cells], values)`` for `values` above what the cells hold, as a
+        scatter_max would, at the cost of an assignment: each cell takes one of its values, a read
+        back finds the cells where a larger value of another key lost (two keys of one cell, a few),
+        and only those take the max. (TensorFlow's CPU scatter_max costs several times an assignment.)"""
+        with tf.control_dependencies([sketch.scatter_update(tf.IndexedSlices(values, cells))]):
+            lost = tf.where(read_rows(sketch, cells) < values)[:, 0]
+        return sketch.scatter_max(tf.IndexedSlices(tf.gather(values, lost), tf.gather(cells, lost)))
 
     def _halve(self) -> tf.Tensor:
         sketch = tf_variable(self.sketch)
