@@ -2,7 +2,8 @@
 tensor ops with no Python per key: where the one matching slot of each row is
 (`position_in_row`), where the n-th True of each row is (`nth_true`: a new key's empty row), and
 how many earlier elements share each element's group (`rank_in_group`: the order of several new
-keys of one bucket).
+keys of one bucket), and where the n-th lowest element of each row is (`nth_lowest`: the row a
+later new key of a bucket takes).
 
 Example:
     >>> import tensorflow as tf
@@ -79,3 +80,27 @@ def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = 
                            shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])])[1]
     # an element's rank: the rounds it was still behind another of its group in
     return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first
+
+
+def nth_lowest(score: tf.Tensor, lowest: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+    """The position of the `n`-th lowest element of each row of `score` ``[k, W]`` (integers;
+    ``1 <= n < W``, counting from 0; equal elements in the order of their positions, as a stable
+    sort has them), given the position of the lowest, `lowest` (``tf.argmin``'s, int32).
+
+    Most rows want their second lowest (a bucket's second new key of the step): the lowest of the
+    rest, once the lowest is set aside (the dtype's least value, in the negated scores), a
+    ``top_k`` of one. Only the rows that want a later one sort the whole row.
+
+    Example:
+        >>> score = tf.constant([[5, 1, 1, 0], [3, 2, 9, 2]])
+        >>> nth_lowest(score, tf.argmin(score, axis=1, output_type=tf.int32), tf.constant([2, 1])).numpy().tolist()
+        [2, 3]
+    """
+    n = tf.cast(n, tf.int32)
+    second, later = tf.where(tf.equal(n, 1))[:, 0], tf.where(n > 1)[:, 0]
+    rows = -tf.gather(score, second)  # (top_k finds the largest: the lowest score, the first of equals)
+    aside = tf.equal(tf.range(score.shape[1], dtype=tf.int32)[None], tf.gather(lowest, second)[:, None])
+    found = tf.math.top_k(tf.where(aside, rows.dtype.min, rows), 1)[1][:, 0]
+    order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
+    sorted_nth = tf.gather(order, tf.gather(n, later), batch_dims=1)
+    return tf.dynamic_stitch([tf.cast(second, tf.int32), tf.cast(later, tf.int32)], [found, sorted_nth])

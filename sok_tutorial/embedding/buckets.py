@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
 from sok_tutorial.embedding.ops import local_view, read_rows, read_spans, tf_variable, updated
 
@@ -314,9 +314,8 @@ class BucketedIndex:
         score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
         position = tf.argmin(score, axis=1, output_type=tf.int32)  # the first new key of a bucket: its lowest
         later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
-        order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
-        position = updated(position, later, tf.gather(order, tf.minimum(tf.gather(rank, later), width - 1),
-                                                      batch_dims=1))
+        position = updated(position, later, nth_lowest(tf.gather(score, later), tf.gather(position, later),
+                                                       tf.minimum(tf.gather(rank, later), width - 1)))
         # the slot each key would take, flat in its [W] row; it may if that row's score is below `top`
         # (the rank-th lowest is then free: the free rows sort first) and its rank is below W
         slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position

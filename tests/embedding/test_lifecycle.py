@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle, ops
-from sok_tutorial.embedding.bucket_search import nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.buckets import bucket_of_np
 
 
@@ -146,6 +146,22 @@ def test_nth_true_finds_a_new_key_s_empty_row(width):
     expected = np.array([np.flatnonzero(m)[k] if k < m.sum() else -1 for m, k in zip(mask, n)])
     assert at.numpy().tolist() == expected.tolist()
     assert rows.numpy().tolist() == np.flatnonzero(expected >= 0).tolist()
+
+
+@pytest.mark.parametrize("width,dtype", [(2, np.int32), (8, np.int32), (8, np.int64), (16, np.int32)])
+def test_nth_lowest_is_the_nth_of_a_stable_sort(width, dtype):
+    """A later new key's row: the n-th of its bucket's scores in stable sorted order, ties (many: step
+    marks, empty rows' -1, the dtype's largest for rows held this step) by position."""
+    rng = np.random.default_rng(width)
+    top = np.iinfo(dtype).max
+    score = rng.choice(np.array([-1, 0, 1, 2, 3, 7, top], dtype), (500, width))
+    n = rng.integers(1, width, 500).astype(np.int32)
+    n[:300] = 1  # the common case: the second new key of its bucket
+    lowest = np.argmin(score, axis=1).astype(np.int32)
+    found = nth_lowest(tf.constant(score), tf.constant(lowest), tf.constant(n)).numpy()
+    expected = np.argsort(score, axis=1, kind="stable")[np.arange(500), n]
+    assert found.tolist() == expected.tolist()
+    assert nth_lowest(tf.zeros([0, width], dtype), tf.zeros([0], tf.int32), tf.zeros([0], tf.int32)).shape == (0,)
 
 
 @pytest.mark.parametrize("width", [2, 4, 8, 16, 32])
