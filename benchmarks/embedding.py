@@ -310,6 +310,13 @@ def main() -> None:
                              "THP_MEM_ALLOC_ENABLE=1 (write to another --out to keep the default run's JSON)")
     args = parser.parse_args()
     groups = args.group
+    if args.torchrec:  # (checked before any round runs: the peers run after ours)
+        for group, script in (("torchrec_shape", "bench_torchrec.py"), ("dlrm", "bench_torchrec_dlrm.py")):
+            if group in groups and not (Path(args.peers) / script).is_file():
+                parser.error(f"--peers={args.peers!r} holds no {script} (the peer of group {group}); expected the "
+                             "shared peers/ folder beside the checkout, or pass its path")
+        if not Path(args.torchrec).is_file():
+            parser.error(f"--torchrec={args.torchrec!r} is not a file; expected the python of a TorchRec virtualenv")
 
     def run(case: str, rows: int, steps: int, keys: str, env: dict[str, str] | None = None) -> dict | float:
         env = (HUGE_PAGES if args.hugepages else {}) if env is None else env  # (the hugepages group sets its own)

@@ -41,3 +41,19 @@ def test_data_gen_cli_bad_input_fails_with_the_argument_named(tmp_path, args):
     out = _run("-m", "data_gen", *args, "--quiet")
     assert out.returncode != 0 and ("rows=0" in out.stderr or "slot_num=0" in out.stderr)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("groups,missing", [("torchrec_shape", "bench_torchrec.py"),
+                                            ("dlrm", "bench_torchrec_dlrm.py"), ("eviction,nope", None)])
+def test_the_embedding_benchmark_refuses_bad_groups_and_peers_before_any_round(tmp_path, groups, missing):
+    """An unknown group, or a --peers folder without the peer a group runs, stops the benchmark at once
+    (the peers run after our rounds, minutes later), naming the option and the value."""
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "embedding.py"
+    out = _run(str(script), "--group", groups, "--torchrec", sys.executable, "--peers", str(tmp_path),
+               "--out", str(tmp_path / "out"))
+    assert out.returncode == 2
+    expected = f"--peers='{tmp_path}' holds no {missing}" if missing else "argument --group: 'eviction,nope'"
+    assert expected in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()
