@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,8 +49,6 @@ def test_data_gen_cli_bad_input_fails_with_the_argument_named(tmp_path, args):
 def test_the_embedding_benchmark_refuses_bad_groups_and_peers_before_any_round(tmp_path, groups, missing):
     """An unknown group, or a --peers folder without the peer a group runs, stops the benchmark at once
     (the peers run after our rounds, minutes later), naming the option and the value."""
-    from pathlib import Path
-
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "embedding.py"
     out = _run(str(script), "--group", groups, "--torchrec", sys.executable, "--peers", str(tmp_path),
                "--out", str(tmp_path / "out"))

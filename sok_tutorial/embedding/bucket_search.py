@@ -85,7 +85,8 @@ def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = 
 def nth_lowest(score: tf.Tensor, lowest: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     """The position of the `n`-th lowest element of each row of `score` ``[k, W]`` (integers;
     ``1 <= n < W``, counting from 0; equal elements in the order of their positions, as a stable
-    sort has them), given the position of the lowest, `lowest` (``tf.argmin``'s, int32).
+    sort has them), given the position of the lowest, `lowest` (int32; the first of equals, as
+    ``tf.argmin`` gives it).
 
     Most rows want their second lowest (a bucket's second new key of the step): the lowest of the
     rest, once the lowest is set aside (the dtype's least value, in the negated scores), a
