@@ -18,8 +18,14 @@ starts from the key's initial vector, and its optimizer slots afresh at their ne
 
 Admission (``min_count``, ``admit_probability``): a new key gets a row only once it has been seen
 `min_count` times, counted in a count-min sketch with conservative update, ``sketch_depth x
-sketch_width`` int32 counters (bounded; it never holds keys; halved every ten counts per row of
-capacity); until then it embeds to zeros, gets no row, and no optimizer state.
+sketch_width`` float16 counters, exact up to 2048 (bounded; it never holds keys; by default
+`SKETCH_WIDTH` counters a row per row of capacity, rounded up to a power of two: 16 to 32 bytes
+per row with the default depth of 4); until then it embeds to zeros, gets no row, and no optimizer
+state. The sketch halves every ten counts per row of capacity, and sooner when keys new to it
+arrive faster than it can tell apart (once as many have come as a row has counters), so that a
+key seen once is seldom taken for one seen twice, however many keys a stream brings. A key whose
+sightings are further apart than that is forgotten between them: for a stream that brings that
+many new keys, raise ``sketch_width``.
 ``admit_probability`` admits each new key in a step with that probability (decided by a hash of
 the key and the step, so runs repeat).
 
@@ -54,10 +60,11 @@ import numpy as np
 
 from kernels import checks
 from sok_tutorial.embedding.buckets import BucketedIndex
-from sok_tutorial.embedding.lifecycle_ops import SALTS
+from sok_tutorial.embedding.lifecycle_ops import SALTS, SKETCH_MAX
 from sok_tutorial.embedding.lifecycle_state import ordered_log
 
 POLICIES = ("lru", "lfu", "ttl")
+SKETCH_WIDTH = 2  # counters in a row of the admission sketch per row of capacity, by default (rounded up to 2**k)
 OPTIONS = ("eviction_policy", "ttl", "ttl_seconds", "lfu_halflife", "bucket_capacity", "min_count",
            "admit_probability", "sketch_depth", "sketch_width", "track_changes", "eviction_log")  # EmbeddingTable's
 REMOVED = {"evict_fraction": "a table with an eviction_policy evicts inside each insert, one row per new key",
@@ -109,9 +116,10 @@ class Lifecycle:
         if isinstance(admit_probability, bool) or not isinstance(admit_probability, (int, float)) \
                 or not 0 < admit_probability <= 1:
             raise ValueError(f"admit_probability={admit_probability!r} is invalid: expected a number in (0, 1]")
-        if isinstance(min_count, bool) or not isinstance(min_count, (int, np.integer)) or min_count < 1:
-            raise ValueError(f"min_count={min_count!r} is invalid: expected an integer >= 1 (1: every key "
-                             "gets a row at once)")
+        if isinstance(min_count, bool) or not isinstance(min_count, (int, np.integer)) \
+                or not 1 <= min_count <= SKETCH_MAX:
+            raise ValueError(f"min_count={min_count!r} is invalid: expected an integer from 1 (every key gets a row "
+                             f"at once) to {SKETCH_MAX} (the admission sketch's float16 counters stop there)")
         width = checks.positive_int("bucket_capacity", bucket_capacity)
         if width & (width - 1):
             raise ValueError(f"bucket_capacity={bucket_capacity!r} is invalid: expected a power of two (8: one "
@@ -132,7 +140,7 @@ class Lifecycle:
         if sketch_depth > len(SALTS):
             raise ValueError(f"sketch_depth={sketch_depth} is invalid: expected at most {len(SALTS)}")
         width_sketch = 1 << max(4, int(np.ceil(np.log2(checks.positive_int("sketch_width", sketch_width)
-                                                        if sketch_width is not None else capacity))))
+                                                        if sketch_width is not None else SKETCH_WIDTH * capacity))))
         log = capacity if eviction_log is None else checks.positive_int("eviction_log", eviction_log)
         return cls(eviction_policy, ttl, None if ttl_seconds is None else float(ttl_seconds), int(lfu_halflife),
                    width, int(min_count), float(admit_probability), int(sketch_depth), width_sketch,
@@ -193,7 +201,7 @@ class Lifecycle:
         elif self.track_changes:
             out += 8 * capacity  # row_seen
         if self.min_count > 1:
-            out += 4 * self.sketch_depth * self.sketch_width + 8  # the sketch and its count since halving
+            out += 2 * self.sketch_depth * self.sketch_width + 16  # the sketch, its counts and keys since halving
         return out
 
     def config(self) -> dict[str, Any]:
@@ -254,9 +262,10 @@ def merged_state(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     if not parts:
         return {}
     merged = {"clock": np.max([p["clock"] for p in parts])}
-    for name in ("sketch", "sketch_added"):
+    for name in ("sketch", "sketch_added", "sketch_keys"):
         if name in parts[0]:
-            merged[name] = np.sum([p[name] for p in parts], axis=0).astype(parts[0][name].dtype)
+            total = np.sum([np.asarray(p[name], np.int64) for p in parts], axis=0)
+            merged[name] = (np.minimum(total, SKETCH_MAX) if name == "sketch" else total).astype(parts[0][name].dtype)
     if "log_keys" in parts[0]:
         logs = [ordered_log(p) for p in parts]
         floor = max(log[2] for log in logs)

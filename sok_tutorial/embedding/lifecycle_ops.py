@@ -20,7 +20,9 @@ from sok_tutorial.embedding.ops import read_rows, tf_variable, updated
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
-SKETCH_SAMPLE = 10  # the sketch halves after this many counts per row of capacity (TinyLFU's reset)
+SKETCH_SAMPLE = 10  # the sketch halves after this many counts per row of capacity (TinyLFU's reset),
+SKETCH_FILL = 1.0  # or once this many keys per counter of a row have entered it since its last halving
+SKETCH_MAX = 2048  # a sketch counter's largest value: float16 holds every integer up to it
 _STEP_CLOCK_LIMIT = 2**31 - 2  # a step clock is kept in int32 marks
 
 
@@ -87,24 +89,31 @@ class LifecycleOps:
         Keys are counted in a count-min sketch with conservative update: a key's estimate is the
         least of its cells plus its occurrences in this step, and only its cells below that rise to
         it (one scatter of about one cell per key instead of ``sketch_depth``; the estimate still
-        never falls below the key's true count). The sketch halves every ``SKETCH_SAMPLE *
-        capacity`` counts (one pass over the sketch, amortized over that many counts), so what was
-        seen long ago fades."""
+        never falls below the key's true count, up to the counters' `SKETCH_MAX`). The sketch halves
+        every ``SKETCH_SAMPLE * capacity`` counts, so what was seen long ago fades, and sooner once
+        ``SKETCH_FILL * sketch_width`` keys it had no count for have come in since the last halving:
+        each sets about one counter of every row, so that by then about two thirds of a row's
+        counters hold a count, and a key seen once finds all its counters taken by others, and
+        passes as seen before, with a chance of about (2/3) ** depth; it would only grow from there
+        (a halving is one pass over the sketch, amortized over that many counts or keys)."""
         life = self.options
         ok = tf.ones(tf.shape(keys), tf.bool)
         if life.min_count > 1:
             cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
             sketch = tf_variable(self.sketch)
-            values = read_rows(sketch, cells)
-            seen = tf.reduce_min(values, axis=0) + tf.cast(counts, tf.int32)  # this step's sightings included
+            values = tf.cast(read_rows(sketch, cells), tf.int32)
+            before = tf.reduce_min(values, axis=0)
+            seen = before + tf.cast(counts, tf.int32)  # this step's sightings included
             # conservative update: only the cells below a key's new estimate rise, to it (a cell at the
             # minimum, usually one of the depth), so a key's estimate never falls below its count
             low = tf.where(tf.reshape(values < seen[None], [-1]))[:, 0]  # (flat: depth-major)
+            stored = tf.cast(tf.minimum(seen, SKETCH_MAX), sketch.dtype)
             counted = self._raise(sketch, tf.gather(tf.reshape(cells, [-1]), low),
-                                  tf.gather(seen, low % tf.size(seen, tf.int64)))
+                                  tf.gather(stored, low % tf.size(seen, tf.int64)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
+            entered = tf_variable(self.sketch_keys).assign_add(tf.math.count_nonzero(before == 0, dtype=tf.int64))
             with tf.control_dependencies([counted]):
-                halve = added >= SKETCH_SAMPLE * self.capacity
+                halve = (added >= SKETCH_SAMPLE * self.capacity) | (entered >= int(SKETCH_FILL * life.sketch_width))
                 halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
             with tf.control_dependencies([halved]):
                 ok &= seen >= life.min_count
@@ -126,8 +135,9 @@ class LifecycleOps:
 
     def _halve(self) -> tf.Tensor:
         sketch = tf_variable(self.sketch)
-        with tf.control_dependencies([sketch.assign(tf.bitwise.right_shift(sketch, 1)),
-                                      tf_variable(self.sketch_added).assign(0)]):
+        with tf.control_dependencies([sketch.assign(tf.floor(sketch * 0.5)),
+                                      tf_variable(self.sketch_added).assign(0),
+                                      tf_variable(self.sketch_keys).assign(0)]):
             return tf.constant(True)
 
     def _log(self, keys: tf.Tensor, now: tf.Tensor) -> list[Any]:

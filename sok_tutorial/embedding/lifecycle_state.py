@@ -16,7 +16,9 @@ process's first copy; `local` gives the state over any other (a shard of a row-w
     unplaced            int64   a policy: new keys that found their bucket in use by their own step
     log_keys, log_marks int64   a policy: the eviction log, a ring of eviction_log entries, and
     log_total, log_floor        the count ever logged and the newest mark the ring let go
-    sketch, sketch_added int32  min_count > 1: the count-min sketch and the counts since its halving
+    sketch              float16 min_count > 1: the count-min sketch (``sketch_depth`` rows of
+    sketch_added,       int64   ``sketch_width`` counters), and the counts and the keys new to it
+    sketch_keys                 since its last halving
 """
 from __future__ import annotations
 
@@ -27,12 +29,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from sok_tutorial.embedding.lifecycle_ops import LifecycleOps
+from sok_tutorial.embedding.lifecycle_ops import SKETCH_MAX, LifecycleOps
 from sok_tutorial.embedding.ops import local_view
 
 _VARIABLES = ("clock", "row_seen", "row_fresh", "unplaced", "log_keys", "log_marks", "log_total", "log_floor",
-              "sketch", "sketch_added")
-_SAVED = ("clock", "sketch", "sketch_added", "log_keys", "log_marks", "log_total", "log_floor")
+              "sketch", "sketch_added", "sketch_keys")
+_SAVED = ("clock", "sketch", "sketch_added", "sketch_keys", "log_keys", "log_marks", "log_total", "log_floor")
 
 
 class LifecycleState(LifecycleOps):
@@ -45,7 +47,7 @@ class LifecycleState(LifecycleOps):
         self.buckets = options.bucketed_index(capacity, shards)  # its variables come with `create`
         self.clock = self.row_seen = self.row_fresh = self.unplaced = None
         self.log_keys = self.log_marks = self.log_total = self.log_floor = None
-        self.sketch = self.sketch_added = None
+        self.sketch = self.sketch_added = self.sketch_keys = None
 
     def create(self, layer: Any) -> None:
         """Make the variables as non-trainable weights of `layer` (the table)."""
@@ -67,8 +69,9 @@ class LifecycleState(LifecycleOps):
         elif life.track_changes:
             self.row_seen = weight("row_seen", (capacity,), "int64", -1)
         if life.min_count > 1:
-            self.sketch = weight("sketch", (life.sketch_depth * life.sketch_width,), "int32")
+            self.sketch = weight("sketch", (life.sketch_depth * life.sketch_width,), "float16")
             self.sketch_added = weight("sketch_added", (), "int64")
+            self.sketch_keys = weight("sketch_keys", (), "int64")
 
     @property
     def created(self) -> bool:
@@ -178,6 +181,8 @@ class LifecycleState(LifecycleOps):
                 continue
             if name == "clock":  # never back: `reset` may have moved it to the latest saved mark
                 value = max(int(variable.numpy()), int(value))
+            if name == "sketch":  # (an int32 sketch of an earlier version: its counts, saturated)
+                value = np.minimum(value, SKETCH_MAX).astype(np.float16)
             variable.assign(np.reshape(value, variable.shape))
         return skipped
 

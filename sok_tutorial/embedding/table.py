@@ -109,9 +109,10 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             power of two; the capacity is rounded up to whole buckets). With ``ttl`` (steps) or
             ``ttl_seconds``, ``lfu_halflife`` (steps per halving of LFU counts), ``eviction_log``
             (evicted keys remembered for delta exports): see `sok_tutorial.embedding.lifecycle`.
-        min_count: a new key gets a row once seen this many times (counted in a count-min sketch
-            of ``sketch_depth x sketch_width``); before, it embeds to zeros. ``admit_probability``:
-            admit a new key with this probability.
+        min_count: a new key gets a row once seen this many times, at most 2048 (counted in a
+            count-min sketch of ``sketch_depth x sketch_width`` float16 counters; by default 2
+            counters a row per row of capacity); before, it embeds to zeros.
+            ``admit_probability``: admit a new key with this probability.
         track_changes: remember which rows changed and when, for delta exports (on with a policy).
         storage_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: the type rows are stored in
             (lookups and updates compute in float32); ``stochastic_rounding``: round updates to it

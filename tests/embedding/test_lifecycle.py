@@ -276,14 +276,16 @@ def test_admission_gives_a_row_only_after_min_count_sightings():
     assert grad.indices.numpy().tolist() == row  # the unadmitted key has no gradient row
 
 
-def test_a_key_is_admitted_by_the_step_its_count_reaches_min_count_however_crowded_the_sketch():
+def test_a_key_is_admitted_by_the_step_its_count_reaches_min_count_however_crowded_the_sketch(monkeypatch):
     """The sketch's estimate never falls below a key's count, also when many keys of one step share
-    its cells (a sketch of 3 x 16 counters for 300 keys; 10 x capacity counts never pass here, so
-    it never halves)."""
+    its cells (a sketch of 3 x 16 counters for 300 keys; it never halves here: 10 x capacity counts
+    never pass, and the halving for keys new to it is held off)."""
     from collections import Counter
 
+    from sok_tutorial.embedding import lifecycle_ops
     from sok_tutorial.embedding.lifecycle_ops import _cells
 
+    monkeypatch.setattr(lifecycle_ops, "SKETCH_FILL", 1e9)
     rng, counted = np.random.default_rng(3), Counter()
     table = EmbeddingTable(100_000, 2, min_count=4, sketch_depth=3, sketch_width=16)
     step = tf.function(lambda keys: table(keys, training=True))
@@ -402,7 +404,8 @@ def test_a_restore_into_fewer_buckets_keeps_the_most_recent_keys_of_each_and_say
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"eviction_policy": "fifo"}, "eviction_policy.*fifo.*lru"),
-    ({"min_count": 0}, "min_count=0 is invalid.*>= 1"),
+    ({"min_count": 0}, "min_count=0 is invalid.*from 1"),
+    ({"min_count": 2049}, "min_count=2049 is invalid.*to 2048"),
     ({"admit_probability": 1.5}, r"admit_probability=1.5 is invalid.*\(0, 1\]"),
     ({"evict_fraction": 0.5}, "evict_fraction=0.5 is no longer an option"),
     ({"eviction_policy": "lru", "bucket_capacity": 6}, "bucket_capacity=6 is invalid: expected a power of two"),
@@ -505,6 +508,59 @@ def test_the_admission_sketch_halves_after_ten_counts_per_row():
         return sorted(table.export()["keys"].tolist())
 
     assert run(16) == [] and run(1000) == [7]
+
+
+def test_the_admission_sketch_halves_once_a_row_of_keys_new_to_it_came():
+    """Key 7 seen twice, then 80 keys new to a sketch of 64 counters a row halve it: one more
+    sighting is not enough any more; after 40 new keys it is (no halving yet)."""
+    def run(new_keys: int) -> list[int]:
+        table = EmbeddingTable(10_000, 2, min_count=3, sketch_width=64)  # (100,000 counts before the other halving)
+        table(tf.constant([7, 7], tf.int64), training=True)
+        table(tf.constant(np.arange(1000, 1000 + new_keys), tf.int64), training=True)
+        table(tf.constant([7], tf.int64), training=True)
+        return sorted(table.export()["keys"].tolist())
+
+    assert run(80) == [] and run(40) == [7]
+
+
+def test_admission_keeps_out_keys_seen_once_however_many_a_stream_brings():
+    """Keys seen once each, 400 a step (16,000 in all, 8 times the sketch's width), beside 100 keys
+    seen every step: with min_count=2 nearly none of the once-seen keys get a row, though the sketch
+    would be full of their counts without its halving, and the others all do."""
+    table = EmbeddingTable(1024, 1, eviction_policy="lru", min_count=2)  # a sketch of 4 x 2048 counters
+    step = tf.function(lambda keys: table(keys, training=True))
+    regular, admitted = np.arange(100) + 10**9, 0
+    for i in range(40):
+        keys = np.r_[regular, np.arange(400) + 400 * i]
+        found = tf.reduce_any(tf.not_equal(step(tf.constant(keys, tf.int64)), 0), axis=1).numpy()
+        if i >= 20:
+            assert found[:100].all()
+            admitted += int(found[100:].sum())
+    assert admitted < 0.1 * 20 * 400  # (without the halving for new keys: 99%)
+
+
+def test_an_int32_sketch_of_a_checkpoint_before_float16_counters_restores_saturated(tmp_path):
+    import keras
+
+    from sok_tutorial.training import load_checkpoint, save_checkpoint
+
+    def model() -> tuple[keras.Model, EmbeddingTable]:
+        table = EmbeddingTable(16, 2, min_count=3, sketch_width=16, name="items")
+        return keras.Sequential([keras.Input((1,), dtype="int64"), table]), table
+
+    saved, table = model()
+    table(tf.constant([7, 7], tf.int64), training=True)
+    save_checkpoint(tmp_path / "ckpt", saved)
+    [kept] = (tmp_path / "ckpt" / "tables").glob("*.lifecycle.npz")
+    state = dict(np.load(kept))
+    assert state["sketch"].dtype == np.float16
+    state["sketch"] = state["sketch"].astype(np.int32) * 3000  # the earlier format, counts past float16's exact range
+    np.savez(kept, **state)
+    restored, again = model()
+    again(tf.constant([1], tf.int64), training=False)
+    load_checkpoint(tmp_path / "ckpt", restored)
+    sketch = again.state.sketch.numpy()
+    assert sketch.dtype == np.float16 and sorted(set(sketch.tolist())) == [0, 2048]
 
 
 def test_keras_weights_of_another_index_layout_are_refused_naming_it(tmp_path):
