@@ -135,7 +135,8 @@ class LifecycleOps:
 
     def _halve(self) -> tf.Tensor:
         sketch = tf_variable(self.sketch)
-        with tf.control_dependencies([sketch.assign(tf.floor(sketch * 0.5)),
+        halved = tf.cast(tf.bitwise.right_shift(tf.cast(sketch, tf.int32), 1), sketch.dtype)  # (exact integers)
+        with tf.control_dependencies([sketch.assign(halved),
                                       tf_variable(self.sketch_added).assign(0),
                                       tf_variable(self.sketch_keys).assign(0)]):
             return tf.constant(True)
