@@ -128,8 +128,15 @@ class LifecycleOps:
         """``sketch[cells] = max(sketch[cells], values)`` for `values` above what the cells hold, as a
         scatter_max would, at the cost of an assignment: each cell takes one of its values, a read
         back finds the cells where a larger value of another key lost (two keys of one cell, a few),
-        and only those take the max. (TensorFlow's CPU scatter_max costs several times an assignment.)"""
-        with tf.control_dependencies([sketch.scatter_update(tf.IndexedSlices(values, cells))]):
+        and only those take the max. (TensorFlow's CPU scatter_max costs several times an assignment.)
+        The cells raised to 1 (the counters of keys new to the sketch, most of them) are assigned
+        first, and need no read back: any value another key writes there later is larger."""
+        larger = tf.cast(values > 1, tf.int32)
+        ones, cells = tf.dynamic_partition(cells, larger, 2)
+        values = tf.dynamic_partition(values, larger, 2)[1]
+        with tf.control_dependencies([sketch.scatter_update(tf.IndexedSlices(tf.ones_like(ones, values.dtype), ones))]):
+            written = sketch.scatter_update(tf.IndexedSlices(values, cells))
+        with tf.control_dependencies([written]):
             lost = tf.where(read_rows(sketch, cells) < values)[:, 0]
         return sketch.scatter_max(tf.IndexedSlices(tf.gather(values, lost), tf.gather(cells, lost)))
 
