@@ -106,10 +106,13 @@ class LifecycleOps:
             seen = before + tf.cast(counts, tf.int32)  # this step's sightings included
             # conservative update: only the cells below a key's new estimate rise, to it (a cell at the
             # minimum, usually one of the depth), so a key's estimate never falls below its count
-            low = tf.where(tf.reshape(values < seen[None], [-1]))[:, 0]  # (flat: depth-major)
-            stored = tf.cast(tf.minimum(seen, SKETCH_MAX), sketch.dtype)
-            counted = self._raise(sketch, tf.gather(tf.reshape(cells, [-1]), low),
-                                  tf.gather(stored, low % tf.size(seen, tf.int64)))
+            # (flat, depth-major), the cells raised to 1 apart: the counters of keys new to the sketch
+            low, one = values < seen[None], tf.equal(seen, 1)[None]
+            to_one = tf.where(tf.reshape(low & one, [-1]))[:, 0]
+            higher = tf.where(tf.reshape(low & ~one, [-1]))[:, 0]
+            flat_cells, stored = tf.reshape(cells, [-1]), tf.cast(tf.minimum(seen, SKETCH_MAX), sketch.dtype)
+            counted = self._raise(sketch, tf.gather(flat_cells, to_one), tf.gather(flat_cells, higher),
+                                  tf.gather(stored, higher % tf.size(seen, tf.int64)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             entered = tf_variable(self.sketch_keys).assign_add(tf.math.count_nonzero(before == 0, dtype=tf.int64))
             with tf.control_dependencies([counted]):
@@ -124,16 +127,13 @@ class LifecycleOps:
         return ok
 
     @staticmethod
-    def _raise(sketch: Any, cells: tf.Tensor, values: tf.Tensor) -> tf.Operation:
-        """``sketch[cells] = max(sketch[cells], values)`` for `values` above what the cells hold, as a
-        scatter_max would, at the cost of an assignment: each cell takes one of its values, a read
-        back finds the cells where a larger value of another key lost (two keys of one cell, a few),
-        and only those take the max. (TensorFlow's CPU scatter_max costs several times an assignment.)
-        The cells raised to 1 (the counters of keys new to the sketch, most of them) are assigned
-        first, and need no read back: any value another key writes there later is larger."""
-        larger = tf.cast(values > 1, tf.int32)
-        ones, cells = tf.dynamic_partition(cells, larger, 2)
-        values = tf.dynamic_partition(values, larger, 2)[1]
+    def _raise(sketch: Any, ones: tf.Tensor, cells: tf.Tensor, values: tf.Tensor) -> tf.Operation:
+        """``sketch[ones] = 1``, then ``sketch[cells] = max(sketch[cells], values)`` for `values` (above
+        1) above what the cells hold, as a scatter_max would, at the cost of an assignment: each cell
+        takes one of its values, a read back finds the cells where a larger value of another key lost
+        (two keys of one cell, a few), and only those take the max. (TensorFlow's CPU scatter_max
+        costs several times an assignment.) The cells raised to 1 (the counters of keys new to the
+        sketch, most of them) need no read back: any value written there after them is larger."""
         with tf.control_dependencies([sketch.scatter_update(tf.IndexedSlices(tf.ones_like(ones, values.dtype), ones))]):
             written = sketch.scatter_update(tf.IndexedSlices(values, cells))
         with tf.control_dependencies([written]):
