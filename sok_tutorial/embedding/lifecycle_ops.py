@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import read_rows, tf_variable, updated
+from sok_tutorial.embedding.ops import read_elements, read_rows, tf_variable, updated
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
@@ -77,7 +77,7 @@ class LifecycleOps:
         if self.row_fresh is None:
             return None
         fresh = tf_variable(self.row_fresh)
-        marked = read_rows(fresh, rows)
+        marked = read_elements(fresh, rows)
         with tf.control_dependencies([marked]):
             cleared = fresh.scatter_update(tf.IndexedSlices(tf.zeros_like(marked), rows))
         with tf.control_dependencies([cleared]):

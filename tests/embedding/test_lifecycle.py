@@ -117,6 +117,21 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
 
 
+@pytest.mark.parametrize("reads", [1, 3, 200, 1000])  # 1 and 3: a resource gather; 200, 1000: a copy and a gather
+@pytest.mark.parametrize("dtype", [tf.bool, tf.int32, tf.int64])
+def test_read_elements_reads_either_way(reads, dtype):
+    """Single elements of a variable (a table's fresh-row marks): few by a resource gather, many by one
+    read of the whole variable; after scatters and with repeated indices, both give the same values."""
+    size, rng = 4096, np.random.default_rng(reads)
+    values = tf.Variable(tf.cast(rng.integers(0, 2 if dtype == tf.bool else 1000, size), dtype))
+    values.scatter_update(tf.IndexedSlices(tf.cast(tf.constant([1, 0]), dtype), tf.constant([3, 100])))
+    at = rng.integers(0, size, reads)
+    at[-1] = at[0]
+    assert (reads * ops.COPY_PER_GATHERED >= size) == (reads >= 200)
+    got = tf.function(lambda i: ops.read_elements(values, i))(tf.constant(at))
+    np.testing.assert_array_equal(got.numpy(), values.numpy()[at])
+
+
 @pytest.mark.parametrize("spans", [1, 3, 40, 200])  # 1 and 3: gathered element by element; 40, 200: read as rows
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 def test_read_spans_reads_each_bucket_s_marks_either_way(spans, dtype):
