@@ -197,16 +197,11 @@ def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
         [[8, 9, 10, 11], [0, 1, 2, 3]]
     """
     size = int(variable.shape[0])
-    local = _local(variable)
     starts = tf.cast(starts, tf.int32)
-
-    def by_elements() -> tf.Tensor:
-        return read_rows(variable, starts[:, None] + tf.range(width))
-
-    def by_rows() -> tf.Tensor:
-        return tf.gather(tf.reshape(local.read_value(), [size // width, width]), starts // width)
-
-    return tf.cond(tf.size(starts) * width * COPY_PER_GATHERED >= size, by_rows, by_elements)
+    return _from_copy_or_gather(
+        variable, tf.size(starts) * width,
+        lambda copy: tf.gather(tf.reshape(copy, [size // width, width]), starts // width),
+        lambda: read_rows(variable, starts[:, None] + tf.range(width)))
 
 
 def read_elements(variable: Any, indices: tf.Tensor) -> tf.Tensor:
@@ -219,9 +214,17 @@ def read_elements(variable: Any, indices: tf.Tensor) -> tf.Tensor:
         >>> read_elements(tf.Variable(tf.range(10) * 2), tf.constant([7, 0])).numpy().tolist()
         [14, 0]
     """
-    size, local = int(variable.shape[0]), _local(variable)
-    return tf.cond(tf.size(indices) * COPY_PER_GATHERED >= size, lambda: tf.gather(local.read_value(), indices),
-                   lambda: read_rows(variable, indices))
+    return _from_copy_or_gather(variable, tf.size(indices), lambda copy: tf.gather(copy, indices),
+                                lambda: read_rows(variable, indices))
+
+
+def _from_copy_or_gather(variable: Any, reads: tf.Tensor, from_copy: Any, by_gather: Any) -> tf.Tensor:
+    """The choice `read_spans` and `read_elements` make at run time: ``from_copy(one read of the
+    whole 1-D variable)`` when it holds at most `COPY_PER_GATHERED` times the `reads` elements, else
+    ``by_gather()``, a resource gather of single elements."""
+    local = _local(variable)
+    return tf.cond(reads * COPY_PER_GATHERED >= int(variable.shape[0]), lambda: from_copy(local.read_value()),
+                   by_gather)
 
 
 def updated(values: tf.Tensor, at: tf.Tensor, updates: tf.Tensor) -> tf.Tensor:
