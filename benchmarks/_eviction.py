@@ -41,6 +41,7 @@ STEPS = 36  # timed steps; `fill` = 2/3 of them before
 GOALS = {"lru_full": 0.85, "lfu_full": 0.8, "lru_admission": 0.8, "lru_roomy": 0.97,
          "lru_full_adagrad": 0.8}  # amortized samples/s against the roomy table of the same optimizer
 HIT_RATE_GAP = 0.01  # bucket-local LRU within one percentage point of exact LRU
+TWIN_SLACK = 0.03  # roomy_tracked does the roomy table's work and more: faster by more than this, roomy ran slow
 INDEX_BYTES = 12  # per row, the bucketed index of an "lru" table
 CHURN_STEPS = (1, 3, 6)  # steps trained past the mark before each delta (the log holds ~8 steps of evictions)
 ROOMY = _tables.ROWS_PER_TABLE * _tables.NT  # 10M rows: far more than the run's distinct keys
@@ -138,7 +139,10 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
            hits: dict[str, Any] | None = None,
            deltas: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rows and notes of the eviction group: medians over rounds, ratios to the roomy table of the
-    same optimizer, the goals, hit rates against exact LRU and delta exports."""
+    same optimizer, the goals, hit rates against exact LRU and delta exports. ``roomy_check`` says
+    whether the roomy table, every SGD ratio's denominator, ran slower than its tracked twin by more
+    than `TWIN_SLACK` (amortized): the twin does the same work and more, so such a run's ratios
+    read high."""
     def med(case: str, key: str) -> float:
         return statistics.median(r[key] for r in results[case])
 
@@ -173,6 +177,10 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
         extra = sorted(((k, ms - base.get(k, 0.0)) for k, ms in full.items()), key=lambda x: -x[1])
         profiles["extra_ms_lru_full_over_roomy"] = [{"phase": k[0], "op": k[1], "ms": round(ms, 2)}
                                                     for k, ms in extra[:12]]
+    checks = {}
+    if {"roomy", "roomy_tracked"} <= set(results):  # every ratio's denominator, against a twin that must not beat it
+        twin = med("roomy_tracked", "samples_per_s_amortized") / med("roomy", "samples_per_s_amortized")
+        checks = {"tracked_vs_roomy_amortized": round(twin, 2), "roomy_ran_slow": twin > 1 + TWIN_SLACK}
     if "lru_full" in results:
         measured = results["lru_full"][0]["index_bytes_per_row"]
         goals["index_bytes_per_row_lru"] = {"goal": INDEX_BYTES, "measured": measured, "met": measured <= INDEX_BYTES}
@@ -191,7 +199,7 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
         rows.append({"case": "delta", "table": f"lru_full +{d['steps']} steps", **{k: v for k, v in d.items()
                                                                                    if k != "steps"}})
     return rows, {"workload": __doc__.split("\n\n")[1].replace("\n", " "), "stream": stream_stats, "goals": goals,
-                  "profiles_ms_per_step": profiles}
+                  "roomy_check": checks, "profiles_ms_per_step": profiles}
 
 
 def hit_rates(steps: int = STEPS) -> dict[str, Any]:

@@ -470,6 +470,9 @@ def eviction(args: Any, run: Any) -> None:
     _bench.report("embedding_eviction", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['met'] else 'NOT met'}")
+    if notes["roomy_check"].get("roomy_ran_slow"):
+        print(f"the roomy table ran slower than its tracked twin (tracked / roomy "
+              f"{notes['roomy_check']['tracked_vs_roomy_amortized']}): the ratios against it read high")
     for name, prof in notes["profiles_ms_per_step"].items():
         ops = prof if isinstance(prof, list) else prof["ops_ms"]
         print(f"top ops, {name} (ms of CPU per step): "
