@@ -8,6 +8,8 @@ keras = pytest.importorskip("keras")
 
 from sok_tutorial import optimizers  # noqa: E402
 from sok_tutorial.embedding import EmbeddingTable  # noqa: E402
+from sok_tutorial.embedding.dedup import PARTS_FROM  # noqa: E402
+from sok_tutorial.embedding.optimizers.base import touched  # noqa: E402
 
 ROWS, DIM = 40, 3
 TOUCHED = np.array([3, 7, 7, 12, 39])  # row 7 twice in one step: its gradients add up
@@ -57,6 +59,20 @@ CASES = [
                                               "l2_shrinkage_regularization_strength": 0.05}),
     (optimizers.Ftrl, keras.optimizers.Ftrl, {"learning_rate": 0.1, "learning_rate_power": 0.0}),
 ]
+
+
+@pytest.mark.parametrize("num_rows", [ROWS, PARTS_FROM, None], ids=["one-unique", "in-parts", "unknown"])
+def test_a_gradient_is_summed_per_distinct_row_on_small_and_large_variables_alike(num_rows):
+    """`touched` takes one tf.unique below PARTS_FROM rows and `distinct`'s parts from there (or when
+    the size is not known): the same rows and sums either way."""
+    rng = np.random.default_rng(1)
+    indices = rng.integers(0, ROWS, 300)
+    values = rng.normal(size=(300, DIM)).astype(np.float32)
+    rows, sums = touched(tf.IndexedSlices(tf.constant(values), tf.constant(indices)), tf.float32, num_rows)
+    expected = np.zeros((ROWS, DIM), np.float32)
+    np.add.at(expected, indices, values)
+    assert sorted(rows.numpy().tolist()) == np.unique(indices).tolist()
+    np.testing.assert_allclose(sums.numpy(), expected[rows.numpy()], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("table", [True, False], ids=["embedding-table", "plain-variable"])

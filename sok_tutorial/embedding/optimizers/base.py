@@ -38,17 +38,30 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import huge_pages, precision
-from sok_tutorial.embedding.dedup import distinct, sum_by_position
+from sok_tutorial.embedding.dedup import PARTS_FROM, distinct, sum_by_position
 from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, write_rows
 from sok_tutorial.embedding.table import table_of
 
 
-def touched(gradient: tf.IndexedSlices, dtype: Any) -> tuple[tf.Tensor, tf.Tensor]:
-    """(distinct rows, summed gradient per row) of an IndexedSlices gradient."""
+def touched(gradient: tf.IndexedSlices, dtype: Any, num_rows: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """(distinct rows, summed gradient per row) of an IndexedSlices gradient of a variable of
+    `num_rows` rows (None: not known while tracing).
+
+    A variable of fewer than `PARTS_FROM` rows has no more distinct rows than that, and one
+    ``tf.unique``'s map of them stays in cache: one ``tf.unique`` and one segment sum, two ops where
+    `distinct`'s parts and `sum_by_position`'s two products, which pay off on large tables only,
+    take about ninety. A step with many small tables, each updated on each replica (replicated
+    tables' gathered gradients), has that many fewer ops per update to trace and optimize at its
+    first call.
+    """
     if isinstance(gradient, UniqueRowsGradient):
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
-    rows, position = distinct(tf.cast(gradient.indices, tf.int64), any_order=True)  # (each row's sum in key order)
-    return rows, sum_by_position(tf.cast(gradient.values, dtype), position, tf.size(rows))
+    indices, values = tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
+    if num_rows is not None and num_rows < PARTS_FROM:
+        rows, position = tf.unique(indices, out_idx=tf.int32)
+        return rows, tf.math.unsorted_segment_sum(values, position, tf.size(rows))
+    rows, position = distinct(indices, any_order=True)  # (each row's sum in key order)
+    return rows, sum_by_position(values, position, tf.size(rows))
 
 
 def current(gradient: tf.IndexedSlices, variable: Any, rows: tf.Tensor) -> tf.Tensor:
@@ -269,7 +282,7 @@ class SparseOptimizer:
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable, learning_rate)
         dtype = precision.compute_dtype(variable.dtype)  # float32 for a low-precision table
-        rows, g = touched(gradient, dtype)
+        rows, g = touched(gradient, dtype, variable.shape[0])
         return self._sparse_step(variable, rows, g, tf.cast(learning_rate, dtype), current(gradient, variable, rows))
 
     def _sparse_step(self, variable: Any, rows: tf.Tensor, g: tf.Tensor, lr: tf.Tensor, w: tf.Tensor) -> None:
