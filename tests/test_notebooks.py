@@ -9,7 +9,8 @@ Two sizes, chosen through each notebook's parameters:
   notebooks whose point only shows on more data (a model beating its baselines by a margin, early
   stopping, LRU keeping the AUC of an unbounded table, 16-bit tables training like 32-bit ones,
   worker processes). Its check adds those margins to the smoke check. Those runs are in
-  `tests.test_notebooks_larger`.
+  `tests.test_notebooks_larger`. As a larger run asserts the smoke check too, the smoke run of
+  such a notebook is marked ``superseded``, and ``make test-all`` leaves it out.
 
 Each notebook's runs and checks live in `tests/notebook_checks/nbNN.py`; a notebook without one
 fails. Speed ratios are printed by the notebooks and measured by ``benchmarks/``; here a ratio
@@ -68,7 +69,8 @@ def run_notebook(name: str, tmp_path: Path, **overrides: Any) -> tuple[dict[str,
 
 
 @pytest.mark.notebooks
-@pytest.mark.parametrize("name", sorted(SMOKE))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.superseded) if n in LARGER else n
+                                  for n in sorted(SMOKE)])
 def test_notebook_smoke(name, tmp_path):
     params, metrics = run_notebook(name, tmp_path)
     SMOKE[name][1](metrics, params)
