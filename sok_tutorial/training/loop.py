@@ -14,6 +14,7 @@ import math
 import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,18 +57,39 @@ class History:
         return dict(self.__dict__)
 
 
+_PREDICTORS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its variables' ids, predict)
+
+
+def predictor(model: Any) -> Any:
+    """``model(features, training=False)`` as a `tf.function`, one per model (made again only when
+    the model's variables are other objects than when it was made), so that evaluating every few
+    steps traces the model once rather than at every evaluation; shapes that vary (a last, shorter
+    batch) share one trace (``reduce_retracing``). It holds the model by a weak reference.
+
+    Example:
+        >>> model = keras.Sequential([keras.layers.Dense(1)])
+        >>> _ = [predictor(model)(np.ones((n, 3), np.float32)) for n in (4, 4, 2)]
+        >>> predictor(model) is predictor(model), predictor(model).experimental_get_tracing_count()
+        (True, 2)
+    """
+    ids = tuple(id(v) for v in model.variables)
+    held = _PREDICTORS.get(model)
+    if held is None or held[0] != ids:
+        ref = weakref.ref(model)
+        held = _PREDICTORS[model] = ids, tf.function(lambda features: ref()(features, training=False),
+                                                      reduce_retracing=True)
+    return held[1]
+
+
 def evaluate(model: Any, loader: Iterable[Any], *, from_logits: bool = True, max_batches: int | None = None,
              loss: Any = None) -> dict[str, float]:
     """AUC (exact: `sok_tutorial.training.metrics.roc_auc`) and mean loss of `model` over `loader`
-    (at most `max_batches` batches)."""
+    (at most `max_batches` batches). The model's forward pass is traced once for all the calls
+    (`predictor`)."""
     scores, targets = [], []
     loss_fn = loss or keras.losses.BinaryCrossentropy(from_logits=from_logits)
     total, count = 0.0, 0
-
-    @tf.function
-    def predict(features: Any) -> tf.Tensor:
-        return model(features, training=False)
-
+    predict = predictor(model)
     for i, (features, labels) in enumerate(loader):
         if max_batches is not None and i >= max_batches:
             break

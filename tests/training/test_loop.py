@@ -12,7 +12,9 @@ keras = pytest.importorskip("keras")
 
 from data_gen.movielens import generate_movielens  # noqa: E402
 from sok_tutorial.data import ParquetLoader, Workflow, split_rows, to_parquet_dataset  # noqa: E402
-from sok_tutorial.training import export_model, fit, load_export  # noqa: E402
+from sok_tutorial.training import evaluate, export_model, fit, load_export  # noqa: E402
+from sok_tutorial.training.loop import predictor  # noqa: E402
+from sok_tutorial.training.metrics import roc_auc  # noqa: E402
 from tests.training.resume import straight_and_resumed  # noqa: E402
 
 IDS = ["userId", "movieId"]
@@ -100,3 +102,23 @@ def test_fit_trains_snapshots_and_resumes_a_plain_keras_model(tmp_path, ratings)
     expected = tf.sigmoid(model(features, training=False)).numpy().ravel()
     got = load_export(tmp_path / "export").predict({n: valid_rows[n][:len(expected)] for n in IDS})
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_evaluations_trace_the_model_once_and_see_the_weights_of_the_moment(ratings):
+    """Evaluating every few steps reuses one trace of the forward pass (`predictor`), yet each
+    evaluation sees the weights as they are then: the last one equals an eager pass of the trained
+    model; a model with other variables gets a trace of its own."""
+    root, workflow, _ = ratings
+    train, valid = _loaders(root)
+    keras.utils.set_random_seed(0)
+    model = _plain(workflow)
+    history = fit(model, train, eval_loader=valid, eval_interval=2, max_steps=8, progress=False, verbose=False)
+    assert len(history.eval_auc) == 4 and len(set(history.eval_auc)) > 1  # the weights moved between them
+    assert 1 <= predictor(model).experimental_get_tracing_count() <= 2  # one trace (two: a shorter last batch)
+    scores = np.concatenate([model(f, training=False).numpy().ravel() for f, _ in valid])
+    labels = np.concatenate([np.asarray(y).ravel() for _, y in valid])
+    assert evaluate(model, valid)["auc"] == pytest.approx(roc_auc(labels, scores), abs=1e-9)
+    assert 1 <= predictor(model).experimental_get_tracing_count() <= 2
+    other = _plain(workflow)
+    other(next(iter(valid))[0])  # built: variables of its own
+    assert predictor(other) is not predictor(model)
