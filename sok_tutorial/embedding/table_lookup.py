@@ -13,7 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.dedup import distinct
+from sok_tutorial.embedding.dedup import PARTS_FROM, distinct
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
 from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import compute_dtype
@@ -47,11 +47,15 @@ class KeysToVectors:
         """`distinct` of a step's int64 `keys`. A table whose keys are row ids (not indexed) below
         2**31 deduplicates them as int32: a hash map of half the width, which ``tf.unique`` fills
         faster. A key outside ``[0, capacity)`` becomes ``capacity`` first (as unsigned, a negative
-        key is larger than any row id), never a row id, so the range check of `rows` still meets it."""
+        key is larger than any row id), never a row id, so the range check of `rows` still meets it.
+        Below `PARTS_FROM` rows there are no more distinct ids than that, and one ``tf.unique``'s map
+        stays in cache: one op, where `distinct` puts a ``tf.cond`` between its two forms (two branch
+        functions, five ``tf.unique``) in the graph of every step whose batch size is not known while
+        tracing."""
         if self.indexed or self.capacity >= 2**31:
             return distinct(keys)
-        row_ids = tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64))
-        unique, position = distinct(tf.cast(row_ids, tf.int32))
+        row_ids = tf.cast(tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64)), tf.int32)
+        unique, position = tf.unique(row_ids, out_idx=tf.int32) if self.capacity < PARTS_FROM else distinct(row_ids)
         return tf.cast(unique, tf.int64), position
 
     def _share(self) -> Any:
