@@ -133,13 +133,14 @@ class ComposedEmbedding(DistributedEmbedding):
         if not self.built:
             self.build()
         flat_keys = as_keys(flat_keys)  # a `UniqueKeys`: its tables deduplicate their own ids
-        checked = [
-            tf.debugging.assert_non_negative(tf.reduce_min(flat_keys), message=f"{self.name}: negative key; keys "
-                                             f"are ids in [0, vocabulary_size={self.vocabulary_size})"),
-            tf.debugging.assert_less(tf.reduce_max(flat_keys), tf.constant(self.vocabulary_size, tf.int64),
-                                     message=f"{self.name}: key out of range [0, {self.vocabulary_size}); keys "
-                                             "are ids (vocabulary_size)")]
-        with tf.control_dependencies([c for c in checked if c is not None]):
+        # one pass: as unsigned, a negative key is larger than any id; a string only, so a plain Assert
+        # op, not one guarded by a tf.cond (two branch functions in every step's graph) to print an int64
+        largest = tf.reduce_max(tf.bitcast(tf.cast(flat_keys, tf.int64), tf.uint64))
+        check = tf.debugging.Assert(
+            largest < tf.constant(self.vocabulary_size, tf.uint64),
+            [f"{self.name}: negative key or key out of range [0, {self.vocabulary_size}); keys are ids "
+             "(vocabulary_size)"])
+        with tf.control_dependencies([] if check is None else [check]):
             keys = tf.identity(flat_keys)
         return self._compose(keys, training)  # (K, embedding_vec_size)
 

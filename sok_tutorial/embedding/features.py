@@ -281,10 +281,11 @@ class FeatureEmbedding(keras.layers.Layer):
         users = sorted({f.name for f in self._leaves if f.table == name})
         message = (f"table {name!r} (features {users}): an id lies outside [0, vocabulary_size={t.vocabulary_size}); "
                    "a dynamic table (dynamic=True) takes any int64 id")
-        low = tf.debugging.assert_non_negative(tf.reduce_min(tf.concat([keys, [0]], 0)), message=message)
-        high = tf.debugging.assert_less(tf.reduce_max(tf.concat([keys, [0]], 0)),
-                                        tf.constant(t.vocabulary_size, tf.int64), message=message)
-        with tf.control_dependencies([c for c in (low, high) if c is not None]):
+        # as unsigned, a negative id is larger than any row (an empty batch's max is 0); a string only:
+        # a plain Assert op, not one guarded by a tf.cond (two branch functions) to print an int64
+        largest = tf.reduce_max(tf.bitcast(tf.cast(keys, tf.int64), tf.uint64))
+        check = tf.debugging.Assert(largest < tf.constant(t.vocabulary_size, tf.uint64), [message])
+        with tf.control_dependencies([] if check is None else [check]):
             return tf.identity(keys)
 
     # ------------------------------------------------------------------ whole tables
