@@ -123,7 +123,7 @@ def _same(a: tf.Tensor, b: tf.Tensor, message: str) -> tf.Operation | None:
         return None
     n = tf.minimum(tf.size(a), tf.size(b))
     same = tf.logical_and(tf.equal(tf.size(a), tf.size(b)), tf.reduce_all(tf.equal(a[:n], b[:n])))
-    return tf.debugging.assert_equal(same, True, message=message)
+    return tf.debugging.Assert(same, [message])  # (a string only: no tf.cond around it to print a bool)
 
 
 def flat_weights(keys: Any, weights: Any, *, name: str = "sp_weights") -> tf.Tensor:

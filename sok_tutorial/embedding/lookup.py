@@ -41,8 +41,8 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
         if keys.ragged_rank == 1:  # [batch, (slots), nnz] with a fixed nnz: make the inner lists ragged
             keys = keys.with_values(tf.RaggedTensor.from_tensor(keys.values))
         slots = keys.row_lengths()
-        tf.debugging.assert_equal(slots, tf.cast(slot_num, slots.dtype),
-                                  message=f"{layer}: every row needs slot_num={slot_num} slots")
+        tf.debugging.Assert(tf.reduce_all(tf.equal(slots, tf.cast(slot_num, slots.dtype))),
+                            [f"{layer}: every row needs slot_num={slot_num} slots"])
         bags = keys.values
         lengths, flat = bags.row_lengths(), bags.values
         segments, num_bags = bags.value_rowids(), bags.nrows()
@@ -56,18 +56,20 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
             num_bags = keys.dense_shape[0] * slot_num
         else:
             segments, num_bags = index[:, 0], keys.dense_shape[0]
-            tf.debugging.assert_equal(num_bags % slot_num, tf.constant(0, num_bags.dtype),
-                                      message=f"{layer}: sparse keys of shape [batch * slot_num, max_nnz] need a "
-                                              f"first dimension divisible by slot_num={slot_num}")
+            tf.debugging.Assert(tf.equal(num_bags % slot_num, tf.constant(0, num_bags.dtype)),
+                                [f"{layer}: sparse keys of shape [batch * slot_num, max_nnz] need a first "
+                                 f"dimension divisible by slot_num={slot_num}"])
         flat = keys.values
         lengths = tf.math.bincount(tf.cast(segments, tf.int32), minlength=tf.cast(num_bags, tf.int32),
                                    dtype=tf.int64)
     else:
         raise TypeError(f"{layer}: keys must be a tf.RaggedTensor [batch, slot_num, None] or a tf.SparseTensor, "
                         f"got {type(keys).__name__}; dense [batch, slot, nnz] keys go to All2AllDenseEmbedding")
+    # (the checks carry strings only: plain Assert ops, where tf.debugging.assert_equal and the like wrap
+    # theirs in a tf.cond, two branch functions per check in every step's graph, to print int64 values)
     if max_nnz is not None:
-        tf.debugging.assert_less_equal(tf.reduce_max(tf.concat([lengths, [0]], 0)), tf.cast(max_nnz, lengths.dtype),
-                                       message=f"{layer}: a slot holds more keys than max_nnz={max_nnz}")
+        tf.debugging.Assert(tf.reduce_max(tf.concat([lengths, [0]], 0)) <= tf.cast(max_nnz, lengths.dtype),
+                            [f"{layer}: a slot holds more keys than max_nnz={max_nnz}"])
     return flat, tf.cast(segments, tf.int64), tf.cast(num_bags, tf.int64)
 
 
