@@ -9,9 +9,9 @@ BUILD  := build
 
 help:
 	@echo "make tutorial  run every notebook at tutorial size into $(BUILD)/"
-	@echo "make test      the fast tier: every behaviour once, each notebook once at a tiny size (~5 min)"
+	@echo "make test      the fast tier: every behaviour once, each notebook once at a tiny size (5-7 min)"
 	@echo "make test-all  the full tier CI runs: adds slow and multiprocess tests, hypothesis's ci profile"
-	@echo "make coverage  the full tier under coverage of sok_tutorial and data_gen (slower by about a third)"
+	@echo "make coverage  the full tier under coverage of sok_tutorial and data_gen (in-process tests a third slower)"
 	@echo "make bench     run benchmarks/*.py, tables on stdout, JSON in $(BUILD)/bench/"
 	@echo "make lab       JupyterLab on notebooks/ with the sok-tutorial kernel"
 	@echo "make info      versions, devices and which GPU libraries are usable"
