@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.initializers import InitSpec, KeyedInitializer
 from sok_tutorial.embedding.layers import DistributedEmbedding
+from sok_tutorial.embedding.ops import ids_below
 from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config
 from sok_tutorial.embedding.unique_keys import as_keys
 
@@ -133,15 +134,9 @@ class ComposedEmbedding(DistributedEmbedding):
         if not self.built:
             self.build()
         flat_keys = as_keys(flat_keys)  # a `UniqueKeys`: its tables deduplicate their own ids
-        # one pass: as unsigned, a negative key is larger than any id; a string only, so a plain Assert
-        # op, not one guarded by a tf.cond (two branch functions in every step's graph) to print an int64
-        largest = tf.reduce_max(tf.bitcast(tf.cast(flat_keys, tf.int64), tf.uint64))
-        check = tf.debugging.Assert(
-            largest < tf.constant(self.vocabulary_size, tf.uint64),
-            [f"{self.name}: negative key or key out of range [0, {self.vocabulary_size}); keys are ids "
-             "(vocabulary_size)"])
-        with tf.control_dependencies([] if check is None else [check]):
-            keys = tf.identity(flat_keys)
+        message = f"{self.name}: negative key or key out of range [0, {self.vocabulary_size}); keys are ids " \
+                  "(vocabulary_size)"
+        keys = ids_below(flat_keys, self.vocabulary_size, message)
         return self._compose(keys, training)  # (K, embedding_vec_size)
 
     def get_config(self) -> dict[str, Any]:

@@ -40,7 +40,8 @@ def mix_keys_np(keys: Any) -> np.ndarray:
         return (h ^ (h >> np.uint64(32))) * mix
 
 
-def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = False,
+             most: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """(distinct `keys`, int32 position of each key among them): ``tf.unique(keys, out_idx=tf.int32)``
     of 1-D integer `keys`, except that from `parts_from` keys on the distinct keys come grouped by
     four parts of the key space (first sight order within each part).
@@ -50,7 +51,8 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = Fa
     whom the order does not matter (`any_order`: sums per key, as an optimizer takes its rows)
     gets the parts with no ``tf.cond``, which would put both forms, as branch functions, in every
     such step's graph (a sharded table's optimizer's), to be traced and optimized at its first
-    call.
+    call. `most`, a bound on the distinct keys known while tracing (a small table's rows): below
+    `parts_from`, one map stays in cache whatever the batch size, and it is one ``tf.unique``.
 
     ``tf.unique`` fills one hash map on one core; at the ~200k keys of a large recommender batch
     its map outgrows the core's cache, and it becomes the largest single op of a table's step.
@@ -87,6 +89,8 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = Fa
         return tf.concat(uniques, 0), position
 
     known = keys.shape.num_elements()
+    if most is not None and most < parts_from:
+        return one_map()
     if known is None and not any_order:
         return tf.cond(tf.size(keys) >= parts_from, in_parts, one_map)
     return one_map() if known is not None and known < parts_from else in_parts()

@@ -48,6 +48,7 @@ from sok_tutorial.embedding.combiners import COMBINERS
 from sok_tutorial.embedding.feature_ids import prepare
 from sok_tutorial.embedding.layers import DistributedEmbedding
 from sok_tutorial.embedding.nested import flatten, is_shape, pack, path_name
+from sok_tutorial.embedding.ops import ids_below
 from sok_tutorial.embedding.precision import DenseOptimizerGuard
 
 
@@ -281,12 +282,7 @@ class FeatureEmbedding(keras.layers.Layer):
         users = sorted({f.name for f in self._leaves if f.table == name})
         message = (f"table {name!r} (features {users}): an id lies outside [0, vocabulary_size={t.vocabulary_size}); "
                    "a dynamic table (dynamic=True) takes any int64 id")
-        # as unsigned, a negative id is larger than any row (an empty batch's max is 0); a string only:
-        # a plain Assert op, not one guarded by a tf.cond (two branch functions) to print an int64
-        largest = tf.reduce_max(tf.bitcast(tf.cast(keys, tf.int64), tf.uint64))
-        check = tf.debugging.Assert(largest < tf.constant(t.vocabulary_size, tf.uint64), [message])
-        with tf.control_dependencies([] if check is None else [check]):
-            return tf.identity(keys)
+        return ids_below(keys, t.vocabulary_size, message)
 
     # ------------------------------------------------------------------ whole tables
     def get_embedding_tables(self) -> dict[str, np.ndarray]:

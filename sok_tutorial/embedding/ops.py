@@ -12,6 +12,7 @@
 * `all_gather` is ``ReplicaContext.all_gather`` that also survives every replica sending
   nothing; `local_components` are the per-device variables behind a mirrored one.
 * `in_shape_trace` tells when Keras traces a layer only for its output shapes.
+* `ids_below` checks that a step's ids are row ids of a table, with one Assert op.
 """
 from __future__ import annotations
 
@@ -49,6 +50,25 @@ def in_shape_trace(variable: Any) -> bool:
     """Keras traces a layer only for its output shapes (``compute_output_spec``, a stateless scope):
     its variables stand for placeholder tensors, and no state may be read or written."""
     return not isinstance(variable.value, tf.Variable)
+
+
+def ids_below(keys: tf.Tensor, rows: int, message: str) -> tf.Tensor:
+    """`keys` (integers), once checked to lie in ``[0, rows)``: in a graph, whatever reads a table
+    with them waits for the check, so a bad id gets `message`, not a gather's error.
+
+    One pass: as unsigned, a negative id is larger than any row id (an empty batch's max is 0).
+    The Assert carries `message` only, a string: ``tf.debugging.assert_less`` and the like wrap
+    an Assert that prints int64 values in a ``tf.cond``, two branch functions per check in every
+    step's graph, to trace and optimize at its first call.
+
+    Example:
+        >>> ids_below(tf.constant([0, 4], tf.int64), 5, "ids in [0, 5)").numpy().tolist()
+        [0, 4]
+    """
+    largest = tf.reduce_max(tf.bitcast(tf.cast(keys, tf.int64), tf.uint64))
+    check = tf.debugging.Assert(largest < tf.constant(rows, tf.uint64), [message])
+    with tf.control_dependencies([] if check is None else [check]):
+        return tf.identity(keys)
 
 
 def inserting(training: Any) -> bool:

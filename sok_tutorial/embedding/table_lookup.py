@@ -13,9 +13,9 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.dedup import PARTS_FROM, distinct
+from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
-from sok_tutorial.embedding.ops import all_gather, in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import all_gather, ids_below, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
@@ -31,31 +31,21 @@ class KeysToVectors:
 
     def _check_range(self, keys: tf.Tensor, rows: int) -> tf.Tensor:
         """`keys`, once checked to be row ids in ``[0, rows)``: in a graph, whatever reads the table
-        with them waits for the checks, so a bad key gets this message, not the gather's."""
-        # one pass: as unsigned, a negative key is larger than any row id (an empty batch's max is 0)
-        largest = tf.reduce_max(tf.bitcast(keys, tf.uint64))
-        # a string only: a plain Assert op, not one guarded by a tf.cond (two branch functions per
-        # table in every step's graph, as tf.debugging.assert_less makes to print a uint64). No key is
-        # printed: `_distinct` has made a key outside the table the capacity by now.
-        check = tf.debugging.Assert(largest < tf.constant(rows, tf.uint64), [
-            f"{self.name}: negative key or key out of range [0, {rows}); keys are row ids (use_hashtable=False, "
-            "max_vocabulary_size_per_gpu)"])
-        with tf.control_dependencies([] if check is None else [check]):
-            return tf.identity(keys)
+        with them waits for the checks, so a bad key gets this message, not the gather's (`ids_below`;
+        no key is printed: `_distinct` has made a key outside the table the capacity by now)."""
+        return ids_below(keys, rows, f"{self.name}: negative key or key out of range [0, {rows}); keys are row "
+                                     "ids (use_hashtable=False, max_vocabulary_size_per_gpu)")
 
     def _distinct(self, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """`distinct` of a step's int64 `keys`. A table whose keys are row ids (not indexed) below
         2**31 deduplicates them as int32: a hash map of half the width, which ``tf.unique`` fills
         faster. A key outside ``[0, capacity)`` becomes ``capacity`` first (as unsigned, a negative
         key is larger than any row id), never a row id, so the range check of `rows` still meets it.
-        Below `PARTS_FROM` rows there are no more distinct ids than that, and one ``tf.unique``'s map
-        stays in cache: one op, where `distinct` puts a ``tf.cond`` between its two forms (two branch
-        functions, five ``tf.unique``) in the graph of every step whose batch size is not known while
-        tracing."""
+        There are then at most ``capacity + 1`` distinct ids (`distinct`'s ``most``)."""
         if self.indexed or self.capacity >= 2**31:
             return distinct(keys)
-        row_ids = tf.cast(tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64)), tf.int32)
-        unique, position = tf.unique(row_ids, out_idx=tf.int32) if self.capacity < PARTS_FROM else distinct(row_ids)
+        row_ids = tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64))
+        unique, position = distinct(tf.cast(row_ids, tf.int32), most=self.capacity + 1)
         return tf.cast(unique, tf.int64), position
 
     def _share(self) -> Any:

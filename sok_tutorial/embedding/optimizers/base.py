@@ -47,21 +47,19 @@ def touched(gradient: tf.IndexedSlices, dtype: Any, num_rows: int | None = None)
     """(distinct rows, summed gradient per row) of an IndexedSlices gradient of a variable of
     `num_rows` rows (None: not known while tracing).
 
-    A variable of fewer than `PARTS_FROM` rows has no more distinct rows than that, and one
-    ``tf.unique``'s map of them stays in cache: one ``tf.unique`` and one segment sum, two ops where
-    `distinct`'s parts and `sum_by_position`'s two products, which pay off on large tables only,
-    take about ninety. A step with many small tables, each updated on each replica (replicated
-    tables' gathered gradients), has that many fewer ops per update to trace and optimize at its
-    first call.
+    A variable of fewer than `PARTS_FROM` rows has no more distinct rows than that (`distinct`'s
+    ``most``): one ``tf.unique`` and one segment sum, two ops where `distinct`'s parts and
+    `sum_by_position`'s two products, which pay off on large tables only, take about ninety. A
+    step with many small tables, each updated on each replica (replicated tables' gathered
+    gradients), has that many fewer ops per update to trace and optimize at its first call.
     """
     if isinstance(gradient, UniqueRowsGradient):
         return tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
-    indices, values = tf.cast(gradient.indices, tf.int64), tf.cast(gradient.values, dtype)
+    rows, position = distinct(tf.cast(gradient.indices, tf.int64), any_order=True, most=num_rows)
+    values = tf.cast(gradient.values, dtype)
     if num_rows is not None and num_rows < PARTS_FROM:
-        rows, position = tf.unique(indices, out_idx=tf.int32)
         return rows, tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-    rows, position = distinct(indices, any_order=True)  # (each row's sum in key order)
-    return rows, sum_by_position(values, position, tf.size(rows))
+    return rows, sum_by_position(values, position, tf.size(rows))  # (each row's sum in key order)
 
 
 def current(gradient: tf.IndexedSlices, variable: Any, rows: tf.Tensor) -> tf.Tensor:
