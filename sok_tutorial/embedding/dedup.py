@@ -7,6 +7,7 @@ optimizer does on a batch's keys.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,25 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = Fa
     return one_map() if known is not None and known < parts_from else in_parts()
 
 
+def row_position_pairs(position: tf.Tensor, start: Any = 0) -> tf.Tensor:
+    """``[n, 2]`` int32 ``(start + k, position[k])``: a sparse product's indices for the int32
+    `position` ``[n]``.
+
+    ``tf.stack`` along the last axis copies two elements at a time (about 1 ms for 100k keys on a
+    CPU); on a little-endian host each pair is built instead as one int64, ``position * 2**32 + k``,
+    whose two halves a bitcast reads as the pair, low half first, in three elementwise ops.
+
+    Example:
+        >>> row_position_pairs(tf.constant([4, 0, 4]), 10).numpy().tolist()
+        [[10, 4], [11, 0], [12, 4]]
+    """
+    n = tf.size(position)
+    if sys.byteorder != "little":
+        return tf.stack([tf.range(start, start + n), position], 1)
+    k = tf.range(tf.cast(start, tf.int64), tf.cast(start + n, tf.int64))
+    return tf.bitcast(tf.bitwise.left_shift(tf.cast(position, tf.int64), tf.constant(32, tf.int64)) + k, tf.int32)
+
+
 def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
                     pairs: tf.Tensor | None = None) -> tf.Tensor:
     """``out[position[k]] += values[k]``: ``[count, ...]`` sums of the rows of `values` ``[K, ...]``.
@@ -119,7 +139,7 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
     position = tf.cast(position, tf.int32)
 
     def product(lo: Any, hi: Any) -> tf.Tensor:  # the rows [lo, hi) of `flat`, summed by position
-        these = pairs[lo:hi] if pairs is not None else tf.stack([tf.range(lo, hi), position[lo:hi]], 1)  # int32
+        these = pairs[lo:hi] if pairs is not None else row_position_pairs(position[lo:hi], lo)
         ones = tf.ones(tf.shape(these)[:1], values.dtype)
         return tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=ones, a_shape=shape, b=flat,
                                                   adjoint_a=True)  # (count, prod(rest))

@@ -10,7 +10,7 @@ keras = pytest.importorskip("keras")
 
 import sok_tutorial as sok  # noqa: E402
 from sok_tutorial.embedding import EmbeddingTable, UniqueKeys, lookup_ahead, unique_keys  # noqa: E402
-from sok_tutorial.embedding.dedup import PARTS_FROM, distinct, sum_by_position  # noqa: E402
+from sok_tutorial.embedding.dedup import PARTS_FROM, distinct, row_position_pairs, sum_by_position  # noqa: E402
 from sok_tutorial.embedding.ops import WRITE_PARTS_FROM, write_rows  # noqa: E402
 
 ROWS, DIM, SLOTS, BATCH = 50, 4, 3, 16
@@ -103,6 +103,18 @@ def test_distinct_of_a_size_unknown_while_tracing_keeps_the_order_of_the_keys_un
     def branches(fn):
         return [op.type for op in fn.get_concrete_function().graph.get_operations() if "If" in op.type]
     assert branches(ordered) and not branches(any_order)
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_row_position_pairs_are_the_stacked_pairs(start):
+    """The bitcast pairs equal ``stack([start + k, position[k]], 1)``, the largest int32 position
+    included (its high half must not spill into the low one), with a start known or a tensor."""
+    position = np.array([0, 2**31 - 1, 5, 0, 123_456_789], np.int32)
+    expected = np.stack([start + np.arange(5), position], 1)
+    for first in (start, tf.constant(start)):
+        out = row_position_pairs(tf.constant(position), first)
+        assert out.dtype == tf.int32 and out.numpy().tolist() == expected.tolist()
+    assert row_position_pairs(tf.zeros([0], tf.int32)).shape == (0, 2)
 
 
 @pytest.mark.parametrize("rows", [0, 1, 1000, PARTS_FROM + 1])  # two products over halves, one of them empty
