@@ -87,6 +87,9 @@ def trace_files(log_dir: str | Path) -> list[Path]:
 
 _OP = re.compile(r"^[\w./-]+:_?\w+$")  # a TensorFlow op event: "scope/.../name:Type"
 _CALL = "StatefulPartitionedCall/"
+#: name scopes of the optimizers' ops (an optimizer's name: Keras' and `sok_tutorial.optimizers`')
+OPTIMIZER_SCOPES = ("adam", "adamw", "sgd", "adagrad", "lazyadam", "lazy_adam", "row_wise_adagrad", "ftrl",
+                    "rmsprop", "optimizer")
 
 
 def _classify(name: str, optimizer_scopes: Sequence[str]) -> tuple[str, str]:
@@ -117,8 +120,7 @@ def _busy(events: Any) -> float:
 
 
 def op_breakdown(log_dir_or_trace: str | Path, *, steps: int | None = None,
-                 optimizer_scopes: Sequence[str] = ("adam", "sgd", "adagrad", "lazyadam", "lazy_adam",
-                                                    "optimizer"), by: str = "part") -> list[dict[str, Any]]:
+                 optimizer_scopes: Sequence[str] = OPTIMIZER_SCOPES, by: str = "part") -> list[dict[str, Any]]:
     """Milliseconds of CPU time per ``(phase, part)`` in the newest trace under `log_dir_or_trace`.
 
     TensorFlow ops are attributed to their phase and part (see the module docstring); the

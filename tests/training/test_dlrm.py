@@ -209,6 +209,16 @@ def test_profile_steps_writes_a_trace_the_breakdown_attributes(tmp_path):
     assert phases["optimizer"] > 0 and phases["backward"] > 0
 
 
+@pytest.mark.parametrize("optimizer", ["SGD", "Adagrad", "RowWiseAdagrad", "LazyAdam", "Ftrl"])
+def test_every_sparse_optimizers_ops_are_the_optimizer_phase(optimizer):
+    """Each optimizer of `sok_tutorial.optimizers` names its ops' scope one the breakdown knows."""
+    import sok_tutorial as sok
+    from sok_tutorial.training.profiler import OPTIMIZER_SCOPES, _classify
+
+    name = getattr(sok.optimizers, optimizer)(0.1).name
+    assert _classify(f"{name}/Gather:ResourceGather", OPTIMIZER_SCOPES)[0] == "optimizer", name
+
+
 def test_op_breakdown_without_a_trace_names_the_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="no plugins/profile"):
         op_breakdown(tmp_path)
