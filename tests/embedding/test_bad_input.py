@@ -109,3 +109,18 @@ def test_an_out_of_range_key_inside_fit_gets_the_tables_message():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"items: .*key out of range \[0, 10\)") as info:
         model.fit(keys, np.ones((4, 1), np.float32), batch_size=4, epochs=1, verbose=0)
     assert "GatherV2" not in str(info.value) and "ResourceGather" not in str(info.value)
+
+
+def test_too_many_keys_in_a_sample_or_a_slot_get_the_layers_message():
+    """The per-sample and per-slot limits hold inside a graph too, where the keys' shape is not known
+    while tracing: an Assert with the layer's name and the limit."""
+    layer = DistributedEmbedding("sum", 10, 2, slot_num=2, max_nnz=3, max_feature_num=4, use_hashtable=False,
+                                 name="bags")
+    ragged = tf.ragged.constant([[[1], [2, 3]], [[1, 2, 3], [4, 5]]], dtype=tf.int64)  # sample 2 holds 5 keys
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"bags: a sample holds more keys than max_feature_num=4"):
+        layer(ragged)
+    assert layer(ragged[:1]).shape == (1, 2, 2)  # 3 keys: within the limits
+    dense = tf.function(lambda k: layer(k), input_signature=[tf.TensorSpec([None, 2, None], tf.int64)])
+    assert dense(tf.zeros([1, 2, 2], tf.int64)).shape == (1, 2, 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"bags: dense keys hold more keys per slot than max_nnz"):
+        dense(tf.zeros([1, 2, 3], tf.int64))
