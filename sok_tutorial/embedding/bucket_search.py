@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import updated
+from sok_tutorial.embedding.ops import masked, updated
 
 
 def position_in_row(match: tf.Tensor) -> tf.Tensor:
@@ -69,7 +69,7 @@ def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = 
 
     def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         group = tf.gather(groups, pending)
-        later = tf.boolean_mask(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
+        later = masked(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
             pending, group, num_groups), group), pending))
         return later, tf.concat([passed, later], 0), rounds + 1
 

@@ -69,7 +69,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
-from sok_tutorial.embedding.ops import local_view, read_rows, read_spans, tf_variable, updated
+from sok_tutorial.embedding.ops import local_view, masked, read_rows, read_spans, tf_variable, updated
 
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
@@ -250,7 +250,7 @@ class BucketedIndex:
         touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, hits))]
         new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
-            new = tf.boolean_mask(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
+            new = masked(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
         new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
         rank, first = rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
@@ -282,7 +282,7 @@ class BucketedIndex:
         taken = tf.gather(new_bucket, take) * width + tf.cast(position, tf.int64)
         placed_keys, placed = tf.gather(new_keys, take), tf.gather(new, take)  # (placed: index in `keys`)
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
-        evicted = tf.boolean_mask(tf.gather(tf.reshape(held_keys, [-1]), held_at), previous >= 0)
+        evicted = masked(tf.gather(tf.reshape(held_keys, [-1]), held_at), previous >= 0)
         new_rows = tf.gather(new_held, first)  # (buckets, W): a row per bucket
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])

@@ -68,7 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.dedup import mix_keys
-from sok_tutorial.embedding.ops import read_rows
+from sok_tutorial.embedding.ops import masked, read_rows
 
 _EMPTY = -1
 
@@ -158,9 +158,9 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
         at = (at + 1) & mask
         row, hit = _probe(index, tf.gather(keys, pos), at)
         end = hit | (row == _EMPTY)
-        return (tf.boolean_mask(pos, ~end), tf.boolean_mask(at, ~end), tf.concat([done, tf.boolean_mask(pos, end)], 0),
-                tf.concat([found, tf.boolean_mask(tf.where(hit, row, _EMPTY), end)], 0),
-                tf.concat([ended, tf.boolean_mask(at, end)], 0))
+        return (masked(pos, ~end), masked(at, ~end), tf.concat([done, masked(pos, end)], 0),
+                tf.concat([found, masked(tf.where(hit, row, _EMPTY), end)], 0),
+                tf.concat([ended, masked(at, end)], 0))
 
     none = tf.zeros([0], tf.int64)
     _, _, done, found, ended = tf.while_loop(
@@ -187,14 +187,14 @@ def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Te
     def body(keys: tf.Tensor, rows: tf.Tensor, at: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         at = (at + 1) & mask
         free = read_rows(index.slots, at)[:, 1] < 0
-        lost = claim(tf.boolean_mask(keys, free), tf.boolean_mask(rows, free), tf.boolean_mask(at, free))
+        lost = claim(masked(keys, free), masked(rows, free), masked(at, free))
         again = tf.tensor_scatter_nd_update(~free, tf.where(free), lost)  # occupied, or lost the claim
-        return tf.boolean_mask(keys, again), tf.boolean_mask(rows, again), tf.boolean_mask(at, again)
+        return masked(keys, again), masked(rows, again), masked(at, again)
 
     with tf.control_dependencies([written]):
         lost = claim(keys, rows, slots)
         placed = tf.while_loop(lambda keys, *_: tf.size(keys) > 0, body,
-                               [tf.boolean_mask(keys, lost), tf.boolean_mask(rows, lost), tf.boolean_mask(slots, lost)],
+                               [masked(keys, lost), masked(rows, lost), masked(slots, lost)],
                                shape_invariants=[tf.TensorShape([None])] * 3)
     with tf.control_dependencies(placed):
         return tf.no_op()
@@ -218,7 +218,7 @@ def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name
     keys = tf.convert_to_tensor(keys, tf.int64)
     rows, slots = lookup(index, keys)
     missing = rows < 0
-    new_keys, new_slots = tf.boolean_mask(keys, missing), tf.boolean_mask(slots, missing)
+    new_keys, new_slots = masked(keys, missing), masked(slots, missing)
     if share is not None:
         new_keys = tf.unique(share(new_keys))[0]  # first-occurrence order: the same on every replica
         new_slots = lookup(index, new_keys)[1]

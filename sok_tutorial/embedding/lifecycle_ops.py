@@ -16,7 +16,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import read_elements, read_rows, tf_variable, updated
+from sok_tutorial.embedding.ops import masked, read_elements, read_rows, tf_variable, updated
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
@@ -188,13 +188,13 @@ class LifecycleOps:
         now = self.tick()
         rows, slots = key_index.lookup(index, keys)
         found = rows >= 0
-        touched = self.touch(tf.boolean_mask(rows, found), now) if life.track_changes else []
+        touched = self.touch(masked(rows, found), now) if life.track_changes else []
         missing = ~found
-        new_keys, new_slots = tf.boolean_mask(keys, missing), tf.boolean_mask(slots, missing)
+        new_keys, new_slots = masked(keys, missing), masked(slots, missing)
         placing = missing
         if admission and life.admits:
-            ok = self.admit(new_keys, None if counts is None else tf.boolean_mask(counts, missing), now)
-            new_keys, new_slots = tf.boolean_mask(new_keys, ok), tf.boolean_mask(new_slots, ok)
+            ok = self.admit(new_keys, None if counts is None else masked(counts, missing), now)
+            new_keys, new_slots = masked(new_keys, ok), masked(new_slots, ok)
             placing = updated(missing, tf.where(missing)[:, 0], ok)
         count, held = tf.size(new_keys, tf.int64), index.size.read_value()
         name = self.name.replace("{", "{{").replace("}", "}}")

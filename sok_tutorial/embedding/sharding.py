@@ -73,7 +73,7 @@ from sok_tutorial.embedding import layouts
 from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import KeyedInitializer, keyed_initial_values_tf
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
-from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import in_shape_trace, inserting, local_components, masked, vectors_of
 from sok_tutorial.embedding.placement import EXCHANGES
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.routing import ColumnSlices, global_lookup, replica_lookup
@@ -251,7 +251,7 @@ class ShardedTable(ShardedRows, EmbeddingTable):
             placed = rows >= 0
             row_slots = self.row_slots.value if component is None else local_components(self.row_slots)[component]
             with tf.control_dependencies([row_slots.scatter_update(tf.IndexedSlices(
-                    tf.boolean_mask(slots, placed), tf.boolean_mask(rows, placed)))]):
+                    masked(slots, placed), masked(rows, placed)))]):
                 rows = tf.identity(rows)
         return rows, found
 
