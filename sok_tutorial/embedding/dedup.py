@@ -101,9 +101,10 @@ def row_position_pairs(position: tf.Tensor, start: Any = 0) -> tf.Tensor:
     """``[n, 2]`` int32 ``(start + k, position[k])``: a sparse product's indices for the int32
     `position` ``[n]``.
 
-    ``tf.stack`` along the last axis copies two elements at a time (about 1 ms for 100k keys on a
-    CPU); on a little-endian host each pair is built instead as one int64, ``position * 2**32 + k``,
-    whose two halves a bitcast reads as the pair, low half first, in three elementwise ops.
+    ``tf.stack`` along the last axis copies two elements at a time, one of the larger ops of a
+    table's step on a CPU; on a little-endian host each pair is built instead as one int64,
+    ``position * 2**32 + k``, whose two halves a bitcast reads as the pair, low half first, in three
+    elementwise ops (`benchmarks/embedding.py` profiles the step).
 
     Example:
         >>> row_position_pairs(tf.constant([4, 0, 4]), 10).numpy().tolist()
