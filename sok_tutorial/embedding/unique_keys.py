@@ -32,13 +32,13 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.dedup import distinct
+from sok_tutorial.embedding.dedup import distinct, row_position_pairs
 
 
 class UniqueKeys(tf.experimental.ExtensionType):
     """Distinct keys ``unique [U]`` (int64) and, for every key of the batch, its place among them,
     ``position`` (int32, the batch's key shape): the batch's keys are ``unique[position]``.
-    `pairs` (int64 ``[K, 2]``: ``(k, position[k])`` for the K keys in flat order), when given, are
+    `pairs` (int32 ``[K, 2]``: ``(k, position[k])`` for the K keys in flat order), when given, are
     the indices of the sparse product that sums the gradients of repeated keys in the backward
     pass (`sok_tutorial.embedding.dedup.sum_by_position`), made ahead as well. `rows` (int64
     ``[U]``), when given, are the rows a dynamic table's index held for the distinct keys when the
@@ -91,7 +91,7 @@ def unique_keys(keys: Any, *rest: Any) -> Any:
     if not keys.dtype.is_integer:
         raise TypeError(f"keys must be integers (int64 or int32), got {keys.dtype.name}")
     unique, position = distinct(tf.reshape(keys, [-1]))
-    pairs = tf.stack([tf.range(tf.size(position, tf.int64)), tf.cast(position, tf.int64)], 1)
+    pairs = row_position_pairs(position)  # (int32, as the step would make them)
     ready = UniqueKeys(tf.cast(unique, tf.int64), tf.reshape(position, tf.shape(keys)), pairs)
     return (ready, *rest) if rest else ready
 
