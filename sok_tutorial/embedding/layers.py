@@ -45,6 +45,7 @@ from sok_tutorial.embedding.combiners import (
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec
 from sok_tutorial.embedding.layouts import layout_of
 from sok_tutorial.embedding.lookup import flatten_bags
+from sok_tutorial.embedding.ops import counts_at_most
 from sok_tutorial.embedding.placement import EXCHANGES, SHARDINGS
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable, optimizer_config, optimizer_from_config
@@ -225,9 +226,8 @@ class DistributedEmbedding(_EmbeddingBase):
         flat = self._check_keys(flat)
         batch = num_bags // self.slot_num
         per_sample = tf.math.bincount(tf.cast(segments // self.slot_num, tf.int32), minlength=tf.cast(batch, tf.int32))
-        tf.debugging.Assert(tf.reduce_max(tf.concat([per_sample, [0]], 0)) <= self.max_feature_num,  # (a string only:
-                            [f"{self.name}: a sample holds more keys than "  # no tf.cond, as ops.ids_below says)
-                             f"max_feature_num={self.max_feature_num}"])
+        counts_at_most(per_sample, self.max_feature_num,
+                       f"{self.name}: a sample holds more keys than max_feature_num={self.max_feature_num}")
         vectors = self._vectors(flat, training, slots=lambda: segments % self.slot_num)
         if self.combiner is None:
             return sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), segments, num_bags, self.slot_num,
@@ -251,9 +251,9 @@ class DistributedEmbedding(_EmbeddingBase):
             raise ValueError(f"{self.name}: dense keys hold {nnz} keys per slot, more than max_nnz={self.max_nnz} "
                              f"or max_feature_num={self.max_feature_num} allow")
         shaped = like_keys(keys)  # (B, S, N): the keys, or their positions among the distinct keys
-        if nnz is None:  # (a known nnz was checked above; a string only, as in ops.ids_below)
-            tf.debugging.Assert(tf.shape(shaped)[2] <= most, [f"{self.name}: dense keys hold more keys per slot than "
-                                                              f"max_nnz={self.max_nnz} or max_feature_num allow"])
+        if nnz is None:  # (a known nnz was checked above)
+            counts_at_most(tf.shape(shaped)[2:3], most, f"{self.name}: dense keys hold more keys per slot than "
+                                                         f"max_nnz={self.max_nnz} or max_feature_num allow")
         vectors = self._vectors(self._check_keys(_flat(keys)), training, slots=lambda: _slot_ids(shaped))
         vectors = tf.reshape(vectors, [-1, self.slot_num, tf.shape(shaped)[2], self.embedding_vec_size])
         vectors = tf.ensure_shape(vectors, [None, self.slot_num, nnz, self.embedding_vec_size])  # (B, S, N, D)

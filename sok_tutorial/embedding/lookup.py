@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from kernels import checks
 from sok_tutorial.embedding.combiners import COMBINERS, combine, flat_weights, scale, weigh
+from sok_tutorial.embedding.ops import counts_at_most
 from sok_tutorial.embedding.sharding import ShardedTable
 from sok_tutorial.embedding.table import EmbeddingTable
 
@@ -68,8 +69,7 @@ def flatten_bags(keys: Any, slot_num: int, *, max_nnz: int | None,
     # (the checks carry strings only: plain Assert ops, where tf.debugging.assert_equal and the like wrap
     # theirs in a tf.cond, two branch functions per check in every step's graph, to print int64 values)
     if max_nnz is not None:
-        tf.debugging.Assert(tf.reduce_max(tf.concat([lengths, [0]], 0)) <= tf.cast(max_nnz, lengths.dtype),
-                            [f"{layer}: a slot holds more keys than max_nnz={max_nnz}"])
+        counts_at_most(lengths, max_nnz, f"{layer}: a slot holds more keys than max_nnz={max_nnz}")
     return flat, tf.cast(segments, tf.int64), tf.cast(num_bags, tf.int64)
 
 

@@ -71,6 +71,18 @@ def ids_below(keys: tf.Tensor, rows: int, message: str) -> tf.Tensor:
         return tf.identity(keys)
 
 
+def counts_at_most(counts: tf.Tensor, limit: int, message: str) -> Any:
+    """Check that no element of the 1-D integer `counts` exceeds `limit` (an empty one passes): an
+    Assert carrying `message` only, a string, as `ids_below` makes it; in eager mode it raises at
+    once. Returns the Assert (None in eager mode).
+
+    Example:
+        >>> counts_at_most(tf.constant([2, 3]), 3, "at most 3 keys a bag")
+    """
+    largest = tf.reduce_max(tf.concat([counts, tf.zeros([1], counts.dtype)], 0))
+    return tf.debugging.Assert(largest <= tf.cast(limit, counts.dtype), [message])
+
+
 def inserting(training: Any) -> bool:
     """Whether a call gives new keys rows: in training, not in inference.
 
