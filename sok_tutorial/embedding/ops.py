@@ -134,28 +134,71 @@ def masked(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, tf.reshape(tf.where(mask), [-1]))
 
 
+def gather_counts(context: Any, counts: tf.Tensor) -> tf.Tensor:
+    """Every replica's `counts` (int ``[k]``, k known while tracing), replica-major ``[replicas * k]``
+    int64: one all-reduce of a ``[replicas, k]`` array of zeros but for this replica's row.
+
+    TensorFlow's ``all_gather`` of a tensor whose length is not known while tracing first gathers
+    the lengths, pads, gathers and trims, and builds a few hundred ops per call on 4 replicas; the
+    lengths a table's step exchanges before each gather of keys or rows take this one collective.
+
+    Example (one replica):
+        >>> gather_counts(tf.distribute.get_replica_context(), tf.constant([3, 5])).numpy().tolist()
+        [3, 5]
+    """
+    replicas = context.num_replicas_in_sync
+    counts = tf.reshape(tf.cast(counts, tf.int64), [-1])
+    mine = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.int64)  # (replicas,)
+    return tf.reshape(context.all_reduce("sum", mine[:, None] * counts[None, :]), [-1])
+
+
+#: what an all-reduce carries a dtype as (exactly): TensorFlow's CPU collectives sum these
+_CARRIED = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32, tf.uint16: tf.int32,
+            tf.uint32: tf.int64, tf.bfloat16: tf.float32, tf.float16: tf.float32}
+
+
 def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
-    """``context.all_gather(values, 0)``, also when every replica's `values` is empty (TensorFlow's
-    collective crashes the process then): each replica sends one padding row more, dropped after.
-    `sizes`: each replica's number of rows, when already gathered (else one more collective)."""
-    if sizes is None:
-        sizes = context.all_gather(tf.shape(values, out_type=tf.int64)[:1], 0)  # (replicas,)
-    pad = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
-    gathered = context.all_gather(tf.concat([values, pad], 0), 0)
-    padding = tf.cumsum(tf.cast(sizes, tf.int64) + 1) - 1
-    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(gathered)[:1], tf.bool), padding[:, None],
-                                       tf.zeros_like(padding, tf.bool))
-    return masked(gathered, keep)
+    """Every replica's `values` concatenated along the first axis, in replica order (what
+    ``context.all_gather(values, 0)`` gives), also when every replica's `values` is empty.
+    `sizes`: each replica's number of rows, when already known (`gather_counts`).
+
+    Each replica writes its rows at their place in a buffer of all replicas' rows, zeros elsewhere,
+    and one all-reduce sums the buffers: a sum of one value and zeros is that value, bit for bit
+    (the sign of a zero aside), so the rows arrive exact. That is one collective where TensorFlow's
+    ``all_gather`` of a length not known while tracing takes two (it gathers the lengths itself,
+    pads, gathers and trims, in some hundred ops per replica), so a table's step, which gathers
+    the lengths once for its keys and their slots, has fewer collectives and a smaller graph to
+    trace and optimize at its first call. A ring all-reduce moves about twice the bytes of a ring
+    all-gather. The gradient is that of the all-reduce: each replica gets the sum of every
+    replica's upstream over its own rows, as for an all-gather.
+
+    Example (one replica):
+        >>> all_gather(tf.distribute.get_replica_context(), tf.constant([[1.0], [2.0]])).numpy().tolist()
+        [[1.0], [2.0]]
+    """
+    n = tf.shape(values, out_type=tf.int64)[0]
+    sizes = gather_counts(context, n[None]) if sizes is None else tf.cast(sizes, tf.int64)
+    start = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
+    total = tf.reduce_sum(sizes)
+    dtype = values.dtype
+    if dtype == tf.uint64:  # (summed as the same bits in int64: adding zeros is exact either way)
+        values = tf.bitcast(values, tf.int64)
+    else:
+        values = tf.cast(values, _CARRIED.get(dtype, dtype))
+    # one row more than all replicas' rows: never an empty collective (TensorFlow's crashes the process)
+    padding = tf.concat([tf.stack([start, total - start - n + 1])[None],
+                         tf.zeros([values.shape.rank - 1, 2], tf.int64)], 0)
+    summed = context.all_reduce("sum", tf.pad(values, padding))[:total]
+    return tf.bitcast(summed, dtype) if dtype == tf.uint64 else tf.cast(summed, dtype)
 
 
 def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> list[tf.IndexedSlices]:
     """Every replica's rows of each of the sparse `gradients` (the rows of all replicas, in replica
     order, as ``context.all_reduce`` of an ``IndexedSlices`` gives them), gathered together:
-    three all-gathers (the lengths, the rows, their indices) for all gradients of one row width
-    and dtype, where an all-reduce of each on its own takes a gather of its length and a branch
-    of padded gathers per gradient. With many replicated tables that is tens of collectives a
-    step fewer, and a smaller graph to trace and start. bfloat16 rows travel as float32 (exact):
-    TensorFlow's CPU collectives carry no bfloat16.
+    three collectives (the lengths, the rows, their indices: `gather_counts`, `all_gather`) for all
+    gradients of one row width and dtype, where an all-reduce of each on its own takes a gather of
+    its length and a branch of padded gathers per gradient. With many replicated tables that is
+    tens of collectives a step fewer, and a smaller graph to trace and start.
 
     Example (one replica: each gradient comes back as it is):
         >>> g = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([4, 1]), tf.constant([9, 3]))
@@ -171,18 +214,16 @@ def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> li
         groups.setdefault((g.values.dtype, tuple(row)) if row.is_fully_defined() else i, []).append(i)
     for members in groups.values():
         parts = [gradients[i] for i in members]
-        dtype = parts[0].values.dtype
-        carried = tf.float32 if dtype == tf.bfloat16 else dtype  # (CPU collectives carry no bfloat16; exact)
-        values = tf.cast(tf.concat([g.values for g in parts], 0), carried)
+        values = tf.concat([g.values for g in parts], 0)
         indices = tf.concat([tf.cast(g.indices, tf.int64) for g in parts], 0)
         sizes = tf.stack([tf.shape(g.indices, out_type=tf.int64)[0] for g in parts])  # (k,)
-        every = tf.reshape(context.all_gather(sizes[None], 0), [-1])  # (replicas * k,): replica-major
+        every = gather_counts(context, sizes)  # (replicas * k,): replica-major
         per_replica = tf.reduce_sum(tf.reshape(every, [replicas, len(parts)]), 1)
         pieces = (tf.split(all_gather(context, values, per_replica), every, num=replicas * len(parts)),
                   tf.split(all_gather(context, indices, per_replica), every, num=replicas * len(parts)))
         for j, (i, g) in enumerate(zip(members, parts)):
             mine = range(j, replicas * len(parts), len(parts))  # gradient j of each replica
-            out[i] = tf.IndexedSlices(tf.cast(tf.concat([pieces[0][r] for r in mine], 0), dtype),
+            out[i] = tf.IndexedSlices(tf.concat([pieces[0][r] for r in mine], 0),
                                       tf.cast(tf.concat([pieces[1][r] for r in mine], 0), g.indices.dtype),
                                       g.dense_shape)
     return out

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather
+from sok_tutorial.embedding.ops import all_gather, gather_counts
 from sok_tutorial.embedding.precision import compute_dtype
 
 
@@ -91,7 +91,7 @@ def replica_lookup(table: Any, context: Any, keys: tf.Tensor, slots: tf.Tensor |
     layout, columns = table.layout, table.slices
     groups = layout.rows
     me = context.replica_id_in_sync_group
-    counts = context.all_gather(tf.shape(keys, out_type=tf.int64)[:1], 0)  # (N,)
+    counts = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])  # (N,)
     total = tf.reduce_sum(counts)
     ours = tf.reduce_sum(counts[:me]) + tf.range(counts[me])  # this replica's keys in the global batch
     every = all_gather(context, keys, counts)  # (N*K,)

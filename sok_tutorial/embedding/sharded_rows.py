@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather, local_components, read_rows
+from sok_tutorial.embedding.ops import all_gather, gather_counts, local_components, read_rows
 from sok_tutorial.embedding.precision import widen
 from sok_tutorial.embedding.table_rows import RowsByKey
 
@@ -92,7 +92,7 @@ class ShardedRows(RowsByKey):
 
         def gather(rows_here: tf.Tensor) -> list[tf.Tensor]:
             context = tf.distribute.get_replica_context()
-            sizes = context.all_gather(tf.shape(rows_here, out_type=tf.int64)[:1], 0)
+            sizes = gather_counts(context, tf.shape(rows_here, out_type=tf.int64)[:1])
             return [sizes] + [all_gather(context, widen(read_rows(v, rows_here)), sizes) for v in variables]
 
         sizes, *gathered = (strategy.experimental_local_results(t)[0].numpy()

@@ -15,7 +15,15 @@ import tensorflow as tf
 from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
-from sok_tutorial.embedding.ops import all_gather, ids_below, in_shape_trace, inserting, local_components, vectors_of
+from sok_tutorial.embedding.ops import (
+    all_gather,
+    gather_counts,
+    ids_below,
+    in_shape_trace,
+    inserting,
+    local_components,
+    vectors_of,
+)
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 
@@ -132,7 +140,7 @@ class KeysToVectors:
         (the union of the replicas' keys in replica order, their counts summed), so every copy takes
         the same decisions as one device would and the copies stay equal; then each keeps its own."""
         context = tf.distribute.get_replica_context()
-        sizes = context.all_gather(tf.shape(keys, out_type=tf.int64)[:1], 0)
+        sizes = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])
         union, where = tf.unique(all_gather(context, keys, sizes), out_idx=tf.int32)
         total = None if counts is None else tf.math.unsorted_segment_sum(
             all_gather(context, counts, sizes), where, tf.size(union))

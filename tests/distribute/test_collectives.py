@@ -1,0 +1,135 @@
+"""The gathers every sharded table's step makes (`all_gather`, `gather_counts`): the rows and counts
+TensorFlow's own ``all_gather`` gives, for every dtype a table exchanges, lengths that differ by
+replica or are all zero, and the same gradient, from one all-reduce per gather."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from sok_tutorial.embedding.ops import all_gather, gather_counts
+
+EXTREMES = {tf.int64: [-2**63, 2**63 - 1, -1], tf.uint64: np.array([2**64 - 1, 2**63, 1], np.uint64),
+            tf.int32: [-2**31, 2**31 - 1, 7], tf.bool: [True, False, True], tf.float32: [np.inf, -3.4e38, np.nan],
+            tf.bfloat16: [1.5, -2.0**-120, 3e38]}
+
+
+def _values(replica: tf.Tensor, dtype: tf.DType, width: int | None) -> tf.Tensor:
+    """Replica r's rows: 2 * r of them (none on replica 0), the dtype's extremes among them."""
+    r = tf.cast(replica, tf.int64)
+    n = 2 * r
+    base = tf.constant(EXTREMES[dtype], dtype)
+    rows = tf.gather(base, tf.range(n) % 3)
+    if dtype not in (tf.bool,):  # and something that tells the replicas apart (exact in every dtype here)
+        rows = tf.where(tf.range(n) % 3 == 2, tf.cast(r + 1, dtype) if dtype != tf.float32 else rows, rows)
+    return rows if width is None else tf.tile(rows[:, None], [1, width])
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("dtype", list(EXTREMES), ids=lambda d: d.name)
+@pytest.mark.parametrize("width", [None, 3])
+def test_all_gather_gives_tensorflows_rows(strategy_of, replicas, dtype, width):
+    strategy = strategy_of(replicas)
+
+    @tf.function
+    def both():
+        def each():
+            context = tf.distribute.get_replica_context()
+            values = _values(context.replica_id_in_sync_group, dtype, width)
+            carried = tf.float32 if dtype == tf.bfloat16 else tf.int32 if dtype == tf.bool else dtype
+            theirs = tf.cast(context.all_gather(tf.cast(values, carried), 0), dtype) if dtype != tf.uint64 else \
+                tf.bitcast(context.all_gather(tf.bitcast(values, tf.int64), 0), tf.uint64)
+            return all_gather(context, values), theirs
+        return strategy.run(each)
+
+    ours, theirs = (strategy.experimental_local_results(t) for t in both())
+    rows = sum(2 * r for r in range(replicas))
+    for o, t in zip(ours, theirs):
+        assert o.dtype == dtype and o.shape == (rows,) + (() if width is None else (width,))
+        np.testing.assert_array_equal(o.numpy(), t.numpy())  # (NaN equals NaN here)
+
+
+def test_every_replica_empty_gives_nothing_with_the_row_shape(strategy_of):
+    strategy = strategy_of(4)
+
+    @tf.function
+    def gathered():
+        return strategy.run(lambda: all_gather(tf.distribute.get_replica_context(), tf.zeros([0, 5], tf.float32)))
+
+    assert all(t.shape == (0, 5) for t in strategy.experimental_local_results(gathered()))
+
+
+def test_given_sizes_and_counts_are_replica_major(strategy_of):
+    strategy = strategy_of(4)
+
+    @tf.function
+    def gathered():
+        def each():
+            context = tf.distribute.get_replica_context()
+            r = tf.cast(context.replica_id_in_sync_group, tf.int64)
+            counts = gather_counts(context, tf.stack([r, 10 + r]))
+            keys = tf.range(r) + 100 * r
+            return counts, all_gather(context, keys, tf.reshape(counts, [4, 2])[:, 0])
+        return strategy.run(each)
+
+    counts, keys = (strategy.experimental_local_results(t)[3].numpy().tolist() for t in gathered())
+    assert counts == [0, 10, 1, 11, 2, 12, 3, 13]
+    assert keys == [100, 200, 201, 300, 301, 302]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_the_gradient_is_tensorflows(strategy_of, replicas):
+    """Each replica's rows get the sum over replicas of the upstream at their place, as for an
+    all-gather; every replica's loss weighs the gathered rows differently."""
+    strategy = strategy_of(replicas)
+
+    @tf.function
+    def gradients():
+        def each():
+            context = tf.distribute.get_replica_context()
+            r = tf.cast(context.replica_id_in_sync_group, tf.float32)
+            x = tf.reshape(tf.range(2 * (r + 1) * 3), [-1, 3]) / 7.0 + r
+            out = []
+            for gather in (lambda v: all_gather(context, v), lambda v: context.all_gather(v, 0)):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = gather(x)
+                    loss = tf.reduce_sum(y * tf.reshape(tf.range(tf.size(y), dtype=tf.float32), tf.shape(y)) * (r + 1))
+                out.append(tape.gradient(loss, x))
+            return out
+        return strategy.run(each)
+
+    ours, theirs = (strategy.experimental_local_results(t) for t in gradients())
+    for o, t in zip(ours, theirs):
+        np.testing.assert_allclose(o.numpy(), t.numpy(), rtol=1e-6)
+        assert np.abs(o.numpy()).max() > 0
+
+
+def _graph_ops(graph: tf.Graph) -> list[str]:
+    ops = [op.type for op in graph.get_operations()]
+    for function in graph._functions.values():  # branches and loop bodies
+        ops += [node.op for node in function.definition.node_def]
+    return ops
+
+
+def test_one_collective_per_gather_and_fewer_ops_than_tensorflows(strategy_of):
+    """TensorFlow's all_gather of a length not known while tracing gathers the lengths itself, then
+    the rows; ours takes one all-reduce for the rows once the lengths are known (a table's step
+    gathers them once for several gathers), and fewer ops for both together."""
+    strategy = strategy_of(4)
+
+    def graph(gather) -> list[str]:
+        def each():
+            context = tf.distribute.get_replica_context()
+            keys = tf.range(tf.cast(context.replica_id_in_sync_group, tf.int64) + 3)
+            return gather(context, keys)
+        return _graph_ops(tf.function(lambda: strategy.run(each)).get_concrete_function().graph)
+
+    def collectives(ops: list[str]) -> int:
+        return sum(op.startswith("Collective") for op in ops)
+
+    known = graph(lambda context, keys: all_gather(context, keys, tf.range(3, 7, dtype=tf.int64)))
+    both = graph(lambda context, keys: all_gather(context, keys))
+    theirs = graph(lambda context, keys: context.all_gather(keys, 0))
+    assert collectives(known) == 4 and collectives(both) == 8 <= collectives(theirs)
+    assert len(both) < len(theirs)
