@@ -4,6 +4,7 @@ before anything changes."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -106,13 +107,30 @@ def test_a_table_without_tracking_cannot_export_deltas(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-def _served(tmp_path):
+def _served(root):
     """An export of a trained model and a delta after one more day; (model, export, delta)."""
     model = make_model()
     model.fit(*day(0), batch_size=64, verbose=0)
-    export_model_tables(model, tmp_path / "serving")
+    export_model_tables(model, root / "serving")
     model.fit(*day(1), batch_size=64, verbose=0)
-    return model, tmp_path / "serving", export_delta(model, tmp_path / "d1", since=tmp_path / "serving")
+    return model, root / "serving", export_delta(model, root / "d1", since=root / "serving")
+
+
+@pytest.fixture(scope="module")
+def served_once(tmp_path_factory):
+    """`_served` once for the module's tests that only read the model: (model, folder holding
+    ``serving`` and ``d1``)."""
+    root = tmp_path_factory.mktemp("served")
+    return _served(root)[0], root
+
+
+@pytest.fixture
+def served(tmp_path, served_once):
+    """This test's own copy of `served_once`'s export and delta: (model, export, delta)."""
+    model, root = served_once
+    for name in ("serving", "d1"):
+        shutil.copytree(root / name, tmp_path / name, symlinks=True)
+    return model, tmp_path / "serving", tmp_path / "d1"
 
 
 def _files(root):
@@ -132,8 +150,8 @@ CORRUPT_TABLE = [  # (name, change to tables/0.npz, message)
 
 
 @pytest.mark.parametrize("change, message", [c[1:] for c in CORRUPT_TABLE], ids=[c[0] for c in CORRUPT_TABLE])
-def test_a_delta_whose_arrays_disagree_is_refused_and_the_export_still_loads(tmp_path, change, message):
-    model, serving, delta = _served(tmp_path)
+def test_a_delta_whose_arrays_disagree_is_refused_and_the_export_still_loads(served, change, message):
+    model, serving, delta = served
     arrays = dict(np.load(delta / "tables" / "0.npz"))
     np.savez(delta / "tables" / "0.npz", **change(arrays))
     before = _files(serving)
@@ -165,8 +183,8 @@ DAMAGED = [
 
 
 @pytest.mark.parametrize("damage, message", [c[1:] for c in DAMAGED], ids=[c[0] for c in DAMAGED])
-def test_a_damaged_delta_is_refused_naming_it(tmp_path, damage, message):
-    _, serving, delta = _served(tmp_path)
+def test_a_damaged_delta_is_refused_naming_it(served, damage, message):
+    _, serving, delta = served
     damage(delta)
     before = _files(serving)
     with pytest.raises(DeltaError, match=message) as info:
@@ -174,8 +192,8 @@ def test_a_damaged_delta_is_refused_naming_it(tmp_path, damage, message):
     assert str(delta) in str(info.value) and _files(serving) == before
 
 
-def test_an_export_reached_through_a_symlink_is_updated_where_it_points(tmp_path):
-    model, serving, delta = _served(tmp_path)
+def test_an_export_reached_through_a_symlink_is_updated_where_it_points(tmp_path, served):
+    model, serving, delta = served
     (tmp_path / "current").symlink_to(serving)
     apply_delta(tmp_path / "current", delta)
     assert (tmp_path / "current").is_symlink() and (tmp_path / "current").resolve() == serving.resolve()
@@ -184,10 +202,10 @@ def test_an_export_reached_through_a_symlink_is_updated_where_it_points(tmp_path
     np.testing.assert_array_equal(by_key(served)["vectors"], by_key(full)["vectors"])
 
 
-def test_one_process_at_a_time_applies_deltas_to_an_export(tmp_path):
+def test_one_process_at_a_time_applies_deltas_to_an_export(served):
     from sok_tutorial.training.delta import _export_lock
 
-    _, serving, delta = _served(tmp_path)
+    _, serving, delta = served
     before = _files(serving)
     with _export_lock(serving.resolve(), timeout=1):
         with pytest.raises(TimeoutError, match=r"another process has been applying a delta"):
@@ -285,8 +303,8 @@ def test_a_checkpoint_whose_per_key_arrays_disagree_is_refused_before_anything_c
         np.testing.assert_array_equal(v.numpy(), b)
 
 
-def test_apply_delta_to_a_missing_export_or_with_a_bad_timeout_leaves_no_lock_file(tmp_path):
-    _, serving, delta = _served(tmp_path)
+def test_apply_delta_to_a_missing_export_or_with_a_bad_timeout_leaves_no_lock_file(tmp_path, served):
+    _, serving, delta = served
     with pytest.raises(FileNotFoundError, match=r"export_dir=.*nothere' is not an export"):
         apply_delta(tmp_path / "nothere", delta)
     with pytest.raises(ValueError, match=r"lock_timeout=None is invalid"):
