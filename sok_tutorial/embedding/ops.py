@@ -152,44 +152,34 @@ def gather_counts(context: Any, counts: tf.Tensor) -> tf.Tensor:
     return tf.reshape(context.all_reduce("sum", mine[:, None] * counts[None, :]), [-1])
 
 
-#: what an all-reduce carries a dtype as (exactly): TensorFlow's CPU collectives sum these
+#: what a collective carries a dtype as (exactly): TensorFlow's CPU collectives carry these
 _CARRIED = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32, tf.uint16: tf.int32,
             tf.uint32: tf.int64, tf.bfloat16: tf.float32, tf.float16: tf.float32}
 
 
 def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:
-    """Every replica's `values` concatenated along the first axis, in replica order (what
-    ``context.all_gather(values, 0)`` gives), also when every replica's `values` is empty.
-    `sizes`: each replica's number of rows, when already known (`gather_counts`).
-
-    Each replica writes its rows at their place in a buffer of all replicas' rows, zeros elsewhere,
-    and one all-reduce sums the buffers: a sum of one value and zeros is that value, bit for bit
-    (the sign of a zero aside), so the rows arrive exact. That is one collective where TensorFlow's
-    ``all_gather`` of a length not known while tracing takes two (it gathers the lengths itself,
-    pads, gathers and trims, in some hundred ops per replica), so a table's step, which gathers
-    the lengths once for its keys and their slots, has fewer collectives and a smaller graph to
-    trace and optimize at its first call. A ring all-reduce moves about twice the bytes of a ring
-    all-gather. The gradient is that of the all-reduce: each replica gets the sum of every
-    replica's upstream over its own rows, as for an all-gather.
+    """Every replica's `values` concatenated along the first axis, in replica order:
+    ``context.all_gather(values, 0)``, also when every replica's `values` is empty (TensorFlow's
+    collective crashes the process then: each replica sends one padding row more, dropped after),
+    and for the dtypes TensorFlow's collectives do not carry (bool, 8- and 16-bit types, bfloat16
+    and unsigned ones, carried exactly in a wider type; uint64 as the same bits in int64).
+    `sizes`: each replica's number of rows, when already known (else `gather_counts` of them).
 
     Example (one replica):
         >>> all_gather(tf.distribute.get_replica_context(), tf.constant([[1.0], [2.0]])).numpy().tolist()
         [[1.0], [2.0]]
     """
-    n = tf.shape(values, out_type=tf.int64)[0]
-    sizes = gather_counts(context, n[None]) if sizes is None else tf.cast(sizes, tf.int64)
-    start = tf.reduce_sum(sizes[:context.replica_id_in_sync_group])
-    total = tf.reduce_sum(sizes)
+    if sizes is None:
+        sizes = gather_counts(context, tf.shape(values, out_type=tf.int64)[:1])  # (replicas,)
     dtype = values.dtype
-    if dtype == tf.uint64:  # (summed as the same bits in int64: adding zeros is exact either way)
-        values = tf.bitcast(values, tf.int64)
-    else:
-        values = tf.cast(values, _CARRIED.get(dtype, dtype))
-    # one row more than all replicas' rows: never an empty collective (TensorFlow's crashes the process)
-    padding = tf.concat([tf.stack([start, total - start - n + 1])[None],
-                         tf.zeros([values.shape.rank - 1, 2], tf.int64)], 0)
-    summed = context.all_reduce("sum", tf.pad(values, padding))[:total]
-    return tf.bitcast(summed, dtype) if dtype == tf.uint64 else tf.cast(summed, dtype)
+    values = tf.bitcast(values, tf.int64) if dtype == tf.uint64 else tf.cast(values, _CARRIED.get(dtype, dtype))
+    pad = tf.zeros(tf.concat([[1], tf.shape(values)[1:]], 0), values.dtype)
+    gathered = context.all_gather(tf.concat([values, pad], 0), 0)
+    padding = tf.cumsum(tf.cast(sizes, tf.int64) + 1) - 1
+    keep = tf.tensor_scatter_nd_update(tf.ones(tf.shape(gathered)[:1], tf.bool), padding[:, None],
+                                       tf.zeros_like(padding, tf.bool))
+    gathered = masked(gathered, keep)
+    return tf.bitcast(gathered, dtype) if dtype == tf.uint64 else tf.cast(gathered, dtype)
 
 
 def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> list[tf.IndexedSlices]:

@@ -86,9 +86,10 @@ def test_memory_and_exchange_of_a_column_sharded_table(strategy_of):
     assert static.table.slices.widths == [3, 3, 2, 2] and static.capacity == 1000
     assert replica_bytes([static]) == 1000 * 3 * 4  # capacity x ceil(d / N) x 4
     n, k, d = 4, 1000, 10
-    assert exchange_bytes("column", n, k, d) == (n - 1) * 8 + (n - 1) * k * 8 + (n - 1) * n * k * 3 * 4 \
+    assert exchange_bytes("column", n, k, d) == 2 * (n - 1) * 8 + (n - 1) * k * 8 + (n - 1) * n * k * 3 * 4 \
         + (n - 1) * k * d * 4
-    assert exchange_bytes("column", n, k, d, "all_reduce") == (n - 1) * 8 + (n - 1) * k * 8 + 3 * (n - 1) * k * d * 4
+    assert exchange_bytes("column", n, k, d, "all_reduce") == \
+        2 * (n - 1) * 8 + (n - 1) * k * 8 + 3 * (n - 1) * k * d * 4
 
 
 def test_bad_column_sharding_inputs(strategy_of):

@@ -115,7 +115,7 @@ def test_memory_and_exchange_of_a_grid(strategy_of):
     assert (layout.rows, layout.columns) == (2, 2) and static.table.slices.widths == [5, 5] and static.capacity == 2000
     assert replica_bytes([static]) == 1000 * 5 * 4  # capacity x ceil(d / C) x 4
     n, k, d = 4, 1000, 10
-    ids = (n - 1) * 8 + (n - 1) * k * 8 + (n - 1) * k * d * 4  # counts, keys, gradients backward
+    ids = 2 * (n - 1) * 8 + (n - 1) * k * 8 + (n - 1) * k * d * 4  # counts (all-reduced), keys, gradients backward
     assert exchange_bytes("row_column", n, k, d) == ids + (n - 1) * 2 * k * 5 * 4  # C*K keys' slices from each
     assert exchange_bytes("row_column", n, k, d, "all_reduce") == ids + 2 * (n - 1) * k * d * 4
     assert exchange_bytes("row_column", n, k, d, column_shards=4) == exchange_bytes("column", n, k, d)

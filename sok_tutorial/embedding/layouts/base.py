@@ -79,8 +79,9 @@ class Layout:
         if self.num_replicas == 1:
             return 0
         others = (self.num_replicas - 1) * keys_per_replica
-        # counts, keys, gradients backward: every sharded layout gathers these
-        total = (self.num_replicas - 1) * ID_BYTES + others * ID_BYTES + others * dim * FLOAT_BYTES
+        # counts (a ring all-reduce of one per replica: twice what a gather of them moves), keys,
+        # gradients backward: every sharded layout exchanges these
+        total = 2 * (self.num_replicas - 1) * ID_BYTES + others * ID_BYTES + others * dim * FLOAT_BYTES
         return total + self._forward_bytes(others, dim, exchange)
 
     def _forward_bytes(self, others: int, dim: int, exchange: str) -> int:
