@@ -47,11 +47,11 @@ def exchange_bytes(sharding: str, num_replicas: int, keys_per_replica: int, dim:
 
     Example:
         >>> exchange_bytes("row", 2, 1000, 16), exchange_bytes("replicated", 2, 1000, 16)
-        (136008, 72000)
+        (136016, 72000)
         >>> exchange_bytes("column", 2, 1000, 16)
-        136008
+        136016
         >>> exchange_bytes("row_column", 4, 1000, 16), exchange_bytes("row_column", 4, 1000, 16, column_shards=4)
-        (408024, 408024)
+        (408048, 408048)
     """
     checks.one_of("exchange", exchange, EXCHANGES)
     layout = layout_of(sharding, num_replicas, dim=dim, column_shards=column_shards)

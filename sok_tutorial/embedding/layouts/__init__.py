@@ -21,7 +21,7 @@ Example:
     >>> (grid.rows, grid.columns), grid.rows_per_replica(1000), grid.width(16)
     ((2, 2), 500, 8)
     >>> [layout_of(name, 2, dim=16).exchange_bytes(1000, 16) for name in ("row", "replicated")]
-    [136008, 72000]
+    [136016, 72000]
 """
 from __future__ import annotations
 
