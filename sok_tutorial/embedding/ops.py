@@ -152,9 +152,9 @@ def gather_counts(context: Any, counts: tf.Tensor) -> tf.Tensor:
     return tf.reshape(context.all_reduce("sum", mine[:, None] * counts[None, :]), [-1])
 
 
-#: what a collective carries a dtype as (exactly): TensorFlow's CPU collectives carry these
+#: dtypes TensorFlow's collectives do not carry, and the wider one each travels in, exactly
 _CARRIED = {tf.bool: tf.int32, tf.int8: tf.int32, tf.uint8: tf.int32, tf.int16: tf.int32, tf.uint16: tf.int32,
-            tf.uint32: tf.int64, tf.bfloat16: tf.float32, tf.float16: tf.float32}
+            tf.uint32: tf.int64, tf.bfloat16: tf.float32}
 
 
 def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) -> tf.Tensor:

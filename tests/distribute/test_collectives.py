@@ -11,7 +11,7 @@ from sok_tutorial.embedding.ops import all_gather, gather_counts
 
 EXTREMES = {tf.int64: [-2**63, 2**63 - 1, -1], tf.uint64: np.array([2**64 - 1, 2**63, 1], np.uint64),
             tf.int32: [-2**31, 2**31 - 1, 7], tf.bool: [True, False, True], tf.float32: [np.inf, -3.4e38, np.nan],
-            tf.bfloat16: [1.5, -2.0**-120, 3e38]}
+            tf.bfloat16: [1.5, -2.0**-120, 3e38], tf.float16: [65504.0, -2.0**-24, 0.5]}
 
 
 def _values(replica: tf.Tensor, dtype: tf.DType, width: int | None) -> tf.Tensor:
