@@ -25,7 +25,7 @@ def _values(replica: tf.Tensor, dtype: tf.DType, width: int | None) -> tf.Tensor
     return rows if width is None else tf.tile(rows[:, None], [1, width])
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+@pytest.mark.parametrize("replicas", [pytest.param(2, marks=pytest.mark.slow), 4])
 def test_all_gather_gives_tensorflows_rows(strategy_of, replicas):
     """Every dtype in EXTREMES, as vectors and as rows of 3, in one traced step."""
     strategy = strategy_of(replicas)
