@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding.ops import all_gather, gather_counts
+from tests.distribute import _graphs
 
 EXTREMES = {tf.int64: [-2**63, 2**63 - 1, -1], tf.uint64: np.array([2**64 - 1, 2**63, 1], np.uint64),
             tf.int32: [-2**31, 2**31 - 1, 7], tf.bool: [True, False, True], tf.float32: [np.inf, -3.4e38, np.nan],
@@ -80,29 +81,19 @@ def test_given_sizes_and_counts_are_replica_major(strategy_of):
     assert keys == [100, 200, 201, 300, 301, 302]
 
 
-def _graph_ops(graph: tf.Graph) -> list[str]:
-    ops = [op.type for op in graph.get_operations()]
-    for function in graph._functions.values():  # branches and loop bodies
-        ops += [node.op for node in function.definition.node_def]
-    return ops
-
-
 def test_the_counts_take_one_collective_and_fewer_ops_than_tensorflows_gather(strategy_of):
     """TensorFlow's all_gather of a tensor whose length is not known while tracing (a count's is
     known; the gather does not know it) gathers the lengths itself, then the values, and builds
     about a hundred ops per replica; a table's step gathers its counts before its keys and rows."""
     strategy = strategy_of(4)
 
-    def graph(gather) -> list[str]:
+    def graph(gather) -> tf.Graph:
         def each():
             context = tf.distribute.get_replica_context()
             keys = tf.range(tf.cast(context.replica_id_in_sync_group, tf.int64) + 3)
             return gather(context, tf.shape(keys, out_type=tf.int64)[:1])
-        return _graph_ops(tf.function(lambda: strategy.run(each)).get_concrete_function().graph)
-
-    def collectives(ops: list[str]) -> int:
-        return sum(op.startswith("Collective") for op in ops)
+        return tf.function(lambda: strategy.run(each)).get_concrete_function().graph
 
     ours, theirs = graph(gather_counts), graph(lambda context, counts: context.all_gather(counts, 0))
-    assert collectives(ours) == 4 and collectives(theirs) >= 4
-    assert 2 * len(ours) < len(theirs)
+    assert _graphs.collectives(ours) == 4 and _graphs.collectives(theirs) >= 4
+    assert 2 * len(_graphs.op_types(ours)) < len(_graphs.op_types(theirs))

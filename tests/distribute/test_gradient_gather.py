@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from sok_tutorial.embedding.ops import all_gather_slices
+from tests.distribute import _graphs
 
 
 def _gradients(replica: tf.Tensor, low: tf.DType = tf.float16) -> list[tf.IndexedSlices]:
@@ -49,13 +50,6 @@ def test_gathered_gradients_are_the_rows_tensorflows_all_reduce_gives(strategy_o
             np.testing.assert_array_equal(tf.cast(ours_v, tf.float32).numpy(), tf.cast(theirs_v, tf.float32).numpy())
 
 
-def _collectives(graph: tf.Graph) -> int:
-    ops = [op.type for op in graph.get_operations()]
-    for function in graph._functions.values():  # branches and loop bodies
-        ops += [node.op for node in function.definition.node_def]
-    return sum(op.startswith("Collective") for op in ops)
-
-
 def test_the_collectives_do_not_grow_with_the_number_of_gradients(strategy_of):
     strategy = strategy_of(2)
 
@@ -64,7 +58,7 @@ def test_the_collectives_do_not_grow_with_the_number_of_gradients(strategy_of):
             context = tf.distribute.get_replica_context()
             gradients = _gradients(context.replica_id_in_sync_group) * copies  # two row widths and dtypes
             return [g.values for g in gather(context, gradients)]
-        return _collectives(tf.function(lambda: strategy.run(each)).get_concrete_function().graph)
+        return _graphs.collectives(tf.function(lambda: strategy.run(each)).get_concrete_function().graph)
 
     def each_on_its_own(context, gradients):
         return context.all_reduce("SUM", gradients)
