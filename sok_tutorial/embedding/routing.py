@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather, gather_counts
+from sok_tutorial.embedding.collectives import all_gather, gather_counts
 from sok_tutorial.embedding.precision import compute_dtype
 
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather, gather_counts, local_components, read_rows
+from sok_tutorial.embedding.collectives import all_gather, gather_counts
+from sok_tutorial.embedding.ops import local_components, read_rows
 from sok_tutorial.embedding.precision import widen
 from sok_tutorial.embedding.table_rows import RowsByKey
 

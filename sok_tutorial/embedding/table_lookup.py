@@ -13,17 +13,10 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
+from sok_tutorial.embedding.collectives import all_gather, gather_counts
 from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
-from sok_tutorial.embedding.ops import (
-    all_gather,
-    gather_counts,
-    ids_below,
-    in_shape_trace,
-    inserting,
-    local_components,
-    vectors_of,
-)
+from sok_tutorial.embedding.ops import ids_below, in_shape_trace, inserting, local_components, vectors_of
 from sok_tutorial.embedding.precision import compute_dtype
 from sok_tutorial.embedding.unique_keys import UniqueKeys, like_keys
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather, gather_counts
+from sok_tutorial.embedding.collectives import all_gather, gather_counts
 from tests.distribute import _graphs
 
 EXTREMES = {tf.int64: [-2**63, 2**63 - 1, -1], tf.uint64: np.array([2**64 - 1, 2**63, 1], np.uint64),

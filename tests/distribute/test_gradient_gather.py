@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import all_gather_slices
+from sok_tutorial.embedding.collectives import all_gather_slices
 from tests.distribute import _graphs
 
 

@@ -38,8 +38,9 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from sok_tutorial.embedding import huge_pages, precision
+from sok_tutorial.embedding.collectives import all_gather_slices
 from sok_tutorial.embedding.dedup import PARTS_FROM, distinct, sum_by_position
-from sok_tutorial.embedding.ops import UniqueRowsGradient, all_gather_slices, read_rows, write_rows
+from sok_tutorial.embedding.ops import UniqueRowsGradient, read_rows, write_rows
 from sok_tutorial.embedding.table import table_of
 
 
