@@ -67,10 +67,10 @@ def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) 
 def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> list[tf.IndexedSlices]:
     """Every replica's rows of each of the sparse `gradients` (the rows of all replicas, in replica
     order, as ``context.all_reduce`` of an ``IndexedSlices`` gives them), gathered together:
-    three collectives (the lengths, the rows, their indices: `gather_counts`, `all_gather`) for all
-    gradients of one row width and dtype, where an all-reduce of each on its own takes a gather of
-    its length and a branch of padded gathers per gradient. With many replicated tables that is
-    tens of collectives a step fewer, and a smaller graph to trace and start.
+    one gather of the lengths (`gather_counts`) and one `all_gather` of the rows with their indices
+    for all gradients of one row width and dtype, where an all-reduce of each on its own takes a
+    gather of its length and a branch of padded gathers per gradient. With many replicated tables
+    that is tens of collectives a step fewer, and a smaller graph to trace and start.
 
     Example (one replica: each gradient comes back as it is):
         >>> g = tf.IndexedSlices(tf.ones([2, 3]), tf.constant([4, 1]), tf.constant([9, 3]))
@@ -91,11 +91,34 @@ def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> li
         sizes = tf.stack([tf.shape(g.indices, out_type=tf.int64)[0] for g in parts])  # (k,)
         every = gather_counts(context, sizes)  # (replicas * k,): replica-major
         per_replica = tf.reduce_sum(tf.reshape(every, [replicas, len(parts)]), 1)
-        pieces = (tf.split(all_gather(context, values, per_replica), every, num=replicas * len(parts)),
-                  tf.split(all_gather(context, indices, per_replica), every, num=replicas * len(parts)))
+        rows, indices = _gather_rows_and_indices(context, values, indices, per_replica)
+        pieces = (tf.split(rows, every, num=replicas * len(parts)), tf.split(indices, every, num=replicas * len(parts)))
         for j, (i, g) in enumerate(zip(members, parts)):
             mine = range(j, replicas * len(parts), len(parts))  # gradient j of each replica
             out[i] = tf.IndexedSlices(tf.concat([pieces[0][r] for r in mine], 0),
                                       tf.cast(tf.concat([pieces[1][r] for r in mine], 0), g.indices.dtype),
                                       g.dense_shape)
     return out
+
+
+def _gather_rows_and_indices(context: Any, values: tf.Tensor, indices: tf.Tensor,
+                             sizes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """`all_gather` of `values` ``[n, ...]`` and their int64 `indices` ``[n]`` (each replica's
+    number of rows `sizes`): one gather of both, each index as the bits of one or two more values
+    beside its row, when the row shape is known while tracing and the values are 32- or 64-bit
+    numbers; else one gather each. The same bytes move, by the same route as the rows alone
+    (a strategy may carry some dtypes by another), and TensorFlow's gather of a tensor is itself
+    two collectives, its length and its contents."""
+    dtype, row = values.dtype, values.shape[1:]
+    if not (row.is_fully_defined() and row.num_elements() and (dtype.is_floating or dtype.is_integer)
+            and dtype.size in (4, 8)):
+        return all_gather(context, values, sizes), all_gather(context, indices, sizes)
+    width, extra = row.num_elements(), 8 // dtype.size  # values a row, and per index
+    n = tf.shape(values)[:1]
+    carried = tf.concat([tf.reshape(values, tf.concat([n, [width]], 0)),
+                         tf.reshape(tf.bitcast(indices, dtype), tf.concat([n, [extra]], 0))], 1)
+    gathered = all_gather(context, carried, sizes)  # (N*n, width + extra)
+    total = tf.shape(gathered)[:1]
+    rows = tf.reshape(gathered[:, :width], tf.concat([total, row.as_list()], 0))
+    at = gathered[:, width:] if extra == 2 else gathered[:, width]
+    return rows, tf.bitcast(at, tf.int64)

@@ -1,5 +1,7 @@
 """The sparse gradients of replicated tables are gathered together (`all_gather_slices`): the rows
-TensorFlow's own all-reduce of each gradient gives, in three all-gathers per row width and dtype."""
+TensorFlow's own all-reduce of each gradient gives, in one gather of the lengths and one of the rows
+with their indices per row width and dtype (rows of 8- and 16-bit types: one of the rows, one of the
+indices)."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,3 +88,44 @@ def test_bfloat16_gradients_are_gathered_exactly(strategy_of):
     assert low.dtype == tf.bfloat16 and low.shape[0] == 2
     np.testing.assert_array_equal(low.numpy(), wide.numpy())
     np.testing.assert_array_equal(low_at.numpy(), wide_at.numpy())
+
+
+def _wide(replica: tf.Tensor, dtype: tf.DType) -> tf.IndexedSlices:
+    """Rows ``[2 + replica, 2, 2]`` of `dtype` whose bits are every 32-bit word pattern that matters
+    (NaN, infinities, -0, the smallest subnormal, extremes), indices beyond 2**32."""
+    r = tf.cast(replica, tf.int64)
+    if dtype.is_floating:
+        special = tf.constant([np.nan, np.inf, -np.inf, -0.0, np.finfo(dtype.as_numpy_dtype).tiny / 2,
+                               np.finfo(dtype.as_numpy_dtype).max, -1.5, 3.0], dtype)
+    else:
+        special = tf.constant([dtype.min, dtype.max, -1, 0, 1, 2, -3, 1 << 20], dtype)
+    n = 2 + r
+    values = tf.reshape(tf.roll(tf.tile(special, [n]), tf.cast(r, tf.int32), 0)[:4 * n], tf.stack([n, 2, 2]))
+    indices = (1 << 40) + r * 10 + tf.range(n)
+    return tf.IndexedSlices(values, indices, tf.constant([1 << 41, 2, 2], tf.int64))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.int64])
+def test_rows_of_32_and_64_bit_numbers_travel_with_their_indices_in_one_gather(strategy_of, dtype):
+    strategy = strategy_of(2)
+
+    def each():
+        context = tf.distribute.get_replica_context()
+        g = _wide(context.replica_id_in_sync_group, dtype)
+        (ours,), (theirs,) = all_gather_slices(context, [g]), context.all_reduce("SUM", [g])
+        return ours.values, ours.indices, theirs.values, theirs.indices
+
+    def ours_only():
+        context = tf.distribute.get_replica_context()
+        return all_gather_slices(context, [_wide(context.replica_id_in_sync_group, dtype)])[0].values
+
+    step = tf.function(lambda: strategy.run(each))
+    bits = tf.int64 if dtype.size == 8 else tf.int32
+    for ours_v, ours_i, theirs_v, theirs_i in zip(*(strategy.experimental_local_results(t) for t in step())):
+        assert ours_v.dtype == dtype and ours_v.shape == (5, 2, 2) and ours_i.dtype == tf.int64
+        np.testing.assert_array_equal(tf.bitcast(ours_v, bits).numpy(), tf.bitcast(theirs_v, bits).numpy())
+        np.testing.assert_array_equal(ours_i.numpy(), theirs_i.numpy())
+    # the lengths' all-reduce and TensorFlow's gather of the rows and indices together (its length, its
+    # contents): three collectives per replica, where a gather of the rows and one of the indices take five
+    graph = tf.function(lambda: strategy.run(ours_only)).get_concrete_function().graph
+    assert _graphs.collectives(graph) == 2 * 3
