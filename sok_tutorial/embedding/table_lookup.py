@@ -134,9 +134,13 @@ class KeysToVectors:
         the same decisions as one device would and the copies stay equal; then each keeps its own."""
         context = tf.distribute.get_replica_context()
         sizes = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])
-        union, where = tf.unique(all_gather(context, keys, sizes), out_idx=tf.int32)
-        total = None if counts is None else tf.math.unsorted_segment_sum(
-            all_gather(context, counts, sizes), where, tf.size(union))
+        if counts is None:
+            every, every_count = all_gather(context, keys, sizes), None
+        else:  # each key beside its count, in one gather
+            both = all_gather(context, tf.stack([keys, tf.cast(counts, tf.int64)], 1), sizes)  # (N*K, 2)
+            every, every_count = both[:, 0], tf.cast(both[:, 1], counts.dtype)
+        union, where = tf.unique(every, out_idx=tf.int32)
+        total = None if counts is None else tf.math.unsorted_segment_sum(every_count, where, tf.size(union))
         rows, found = self.rows(union, insert=True, counts=total)
         mine = where[tf.reduce_sum(sizes[:context.replica_id_in_sync_group]):][:tf.size(keys)]
         return tf.gather(rows, mine), None if found is None else tf.gather(found, mine)
