@@ -4,7 +4,7 @@
 * `all_gather`: ``ReplicaContext.all_gather`` that also survives every replica sending nothing,
   and carries the dtypes TensorFlow's collectives refuse, exactly, in a wider type.
 * `all_gather_slices`: the sparse gradients of all replicated tables of one row width and dtype,
-  gathered in three collectives.
+  gathered together: their lengths in one all-reduce, their rows and indices in one gather.
 """
 from __future__ import annotations
 
