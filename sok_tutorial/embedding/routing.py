@@ -94,8 +94,11 @@ def replica_lookup(table: Any, context: Any, keys: tf.Tensor, slots: tf.Tensor |
     counts = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])  # (N,)
     total = tf.reduce_sum(counts)
     ours = tf.reduce_sum(counts[:me]) + tf.range(counts[me])  # this replica's keys in the global batch
-    every = all_gather(context, keys, counts)  # (N*K,)
-    every_slots = None if slots is None else all_gather(context, slots, counts)
+    if slots is None:
+        every, every_slots = all_gather(context, keys, counts), None  # (N*K,)
+    else:  # each key beside its slot, in one gather
+        both = all_gather(context, tf.stack([keys, tf.cast(slots, tf.int64)], 1), counts)  # (N*K, 2)
+        every, every_slots = both[:, 0], both[:, 1]
     if groups == 1:  # every replica looks up every key
         mine, owned, owned_slots = None, every, every_slots
     else:
