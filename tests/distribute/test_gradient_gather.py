@@ -91,8 +91,8 @@ def test_bfloat16_gradients_are_gathered_exactly(strategy_of):
 
 
 def _wide(replica: tf.Tensor, dtype: tf.DType) -> tf.IndexedSlices:
-    """Rows ``[2 + replica, 2, 2]`` of `dtype` whose bits are every 32-bit word pattern that matters
-    (NaN, infinities, -0, the smallest subnormal, extremes), indices beyond 2**32."""
+    """Rows ``[2 + replica, 2, 2]`` of `dtype` with the values a carrier that did arithmetic would
+    change (NaN, infinities, -0, a subnormal, extremes), and indices beyond 2**32."""
     r = tf.cast(replica, tf.int64)
     if dtype.is_floating:
         special = tf.constant([np.nan, np.inf, -np.inf, -0.0, np.finfo(dtype.as_numpy_dtype).tiny / 2,
