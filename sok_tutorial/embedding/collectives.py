@@ -3,6 +3,7 @@
 * `gather_counts`: every replica's counts (how many keys or rows each sends) in one all-reduce.
 * `all_gather`: ``ReplicaContext.all_gather`` that also survives every replica sending nothing,
   and carries the dtypes TensorFlow's collectives refuse, exactly, in a wider type.
+* `all_gather_columns`: integer vectors of one length (keys and their slots or counts) in one gather.
 * `all_gather_slices`: the sparse gradients of all replicated tables of one row width and dtype,
   gathered together: their lengths in one all-reduce, their rows and indices in one gather.
 """
@@ -62,6 +63,28 @@ def all_gather(context: Any, values: tf.Tensor, sizes: tf.Tensor | None = None) 
                                        tf.zeros_like(padding, tf.bool))
     gathered = masked(gathered, keep)
     return tf.bitcast(gathered, dtype) if dtype == tf.uint64 else tf.cast(gathered, dtype)
+
+
+def all_gather_columns(context: Any, columns: Sequence[tf.Tensor | None],
+                       sizes: tf.Tensor) -> list[tf.Tensor | None]:
+    """`all_gather` of integer vectors ``[n]`` of one length (each replica's `sizes`), in one gather:
+    the columns of one int64 ``[n, k]`` array, each back in its own dtype; a None column stays None.
+    How a step sends each key beside its slot or its count.
+
+    Example (one replica):
+        >>> keys, slots = tf.constant([7, 9], tf.int64), tf.constant([0, 2], tf.int32)
+        >>> context = tf.distribute.get_replica_context()
+        >>> [c.numpy().tolist() for c in all_gather_columns(context, [keys, slots], tf.constant([2]))]
+        [[7, 9], [0, 2]]
+    """
+    present = [c for c in columns if c is not None]
+    if len(present) == 1:
+        gathered = [all_gather(context, present[0], sizes)]
+    else:
+        both = all_gather(context, tf.stack([tf.cast(c, tf.int64) for c in present], 1), sizes)  # (N*n, k)
+        gathered = [tf.cast(both[:, i], c.dtype) for i, c in enumerate(present)]
+    out = iter(gathered)
+    return [None if c is None else next(out) for c in columns]
 
 
 def all_gather_slices(context: Any, gradients: Sequence[tf.IndexedSlices]) -> list[tf.IndexedSlices]:

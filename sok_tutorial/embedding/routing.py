@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from sok_tutorial.embedding.collectives import all_gather, gather_counts
+from sok_tutorial.embedding.collectives import all_gather, all_gather_columns, gather_counts
 from sok_tutorial.embedding.precision import compute_dtype
 
 
@@ -94,11 +94,7 @@ def replica_lookup(table: Any, context: Any, keys: tf.Tensor, slots: tf.Tensor |
     counts = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])  # (N,)
     total = tf.reduce_sum(counts)
     ours = tf.reduce_sum(counts[:me]) + tf.range(counts[me])  # this replica's keys in the global batch
-    if slots is None:
-        every, every_slots = all_gather(context, keys, counts), None  # (N*K,)
-    else:  # each key beside its slot, in one gather
-        both = all_gather(context, tf.stack([keys, tf.cast(slots, tf.int64)], 1), counts)  # (N*K, 2)
-        every, every_slots = both[:, 0], both[:, 1]
+    every, every_slots = all_gather_columns(context, [keys, slots], counts)  # (N*K,): each key beside its slot
     if groups == 1:  # every replica looks up every key
         mine, owned, owned_slots = None, every, every_slots
     else:

@@ -13,7 +13,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.collectives import all_gather, gather_counts
+from sok_tutorial.embedding.collectives import all_gather, all_gather_columns, gather_counts
 from sok_tutorial.embedding.dedup import distinct
 from sok_tutorial.embedding.initializers import keyed_initial_values_tf
 from sok_tutorial.embedding.ops import ids_below, in_shape_trace, inserting, local_components, vectors_of
@@ -134,11 +134,7 @@ class KeysToVectors:
         the same decisions as one device would and the copies stay equal; then each keeps its own."""
         context = tf.distribute.get_replica_context()
         sizes = gather_counts(context, tf.shape(keys, out_type=tf.int64)[:1])
-        if counts is None:
-            every, every_count = all_gather(context, keys, sizes), None
-        else:  # each key beside its count, in one gather
-            both = all_gather(context, tf.stack([keys, tf.cast(counts, tf.int64)], 1), sizes)  # (N*K, 2)
-            every, every_count = both[:, 0], tf.cast(both[:, 1], counts.dtype)
+        every, every_count = all_gather_columns(context, [keys, counts], sizes)  # each key beside its count
         union, where = tf.unique(every, out_idx=tf.int32)
         total = None if counts is None else tf.math.unsorted_segment_sum(every_count, where, tf.size(union))
         rows, found = self.rows(union, insert=True, counts=total)
