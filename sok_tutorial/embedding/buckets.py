@@ -112,7 +112,7 @@ class BucketedIndex:
 
     Args:
         capacity: rows, a whole number of buckets.
-        width: slots of a bucket (``bucket_capacity``), a power of two.
+        width: slots of a bucket (``bucket_capacity``), a power of two (up to `lifecycle.MAX_BUCKET`).
         policy: ``"lru"``, ``"lfu"`` or ``"ttl"``.
         ttl: ``"ttl"``: the age (clock units) past which a key has expired.
         halflife: ``"lfu"``: steps per halving of the counts.

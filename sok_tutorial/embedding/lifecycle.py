@@ -71,6 +71,7 @@ REMOVED = {"evict_fraction": "a table with an eviction_policy evicts inside each
            "lfu_decay": "LFU counts halve every lfu_halflife steps"}
 
 
+MAX_BUCKET = 1024  # bucket_capacity: every lookup of a key reads its whole bucket
 _CLOCK_LIMIT = 2**62  # a ttl, in the clock's units, leaves room to add it to any clock reading in int64
 _STEP_LIMIT = 2**31 - 2  # step marks of a table with a policy are int32
 
@@ -121,9 +122,10 @@ class Lifecycle:
             raise ValueError(f"min_count={min_count!r} is invalid: expected an integer from 1 (every key gets a row "
                              f"at once) to {SKETCH_MAX} (the admission sketch's float16 counters stop there)")
         width = checks.positive_int("bucket_capacity", bucket_capacity)
-        if width & (width - 1):
-            raise ValueError(f"bucket_capacity={bucket_capacity!r} is invalid: expected a power of two (8: one "
-                             "64-byte cache line of int64 keys)")
+        if width & (width - 1) or width > MAX_BUCKET:
+            raise ValueError(f"bucket_capacity={bucket_capacity!r} is invalid: expected a power of two up to "
+                             f"{MAX_BUCKET} (8: one 64-byte cache line of int64 keys; a lookup reads a key's whole "
+                             "bucket)")
         checks.positive_int("lfu_halflife", lfu_halflife)
         if eviction_policy is not None and capacity >= 2**31 - width:
             raise ValueError(f"{name}: capacity={capacity} is invalid with eviction_policy={eviction_policy!r}: "

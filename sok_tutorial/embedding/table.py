@@ -106,7 +106,7 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             model's for this table's rows; None: the model's optimizer updates it.
         eviction_policy: ``"lru"``, ``"lfu"`` or ``"ttl"``: a full table evicts rows instead of
             raising `VocabularyExhausted` (None), within buckets of ``bucket_capacity`` rows (a
-            power of two; the capacity is rounded up to whole buckets). With ``ttl`` (steps) or
+            power of two up to 1024; the capacity is rounded up to whole buckets). With ``ttl`` (steps) or
             ``ttl_seconds``, ``lfu_halflife`` (steps per halving of LFU counts), ``eviction_log``
             (evicted keys remembered for delta exports): see `sok_tutorial.embedding.lifecycle`.
         min_count: a new key gets a row once seen this many times, at most 2048 (counted in a

@@ -424,6 +424,7 @@ def test_a_restore_into_fewer_buckets_keeps_the_most_recent_keys_of_each_and_say
     ({"admit_probability": 1.5}, r"admit_probability=1.5 is invalid.*\(0, 1\]"),
     ({"evict_fraction": 0.5}, "evict_fraction=0.5 is no longer an option"),
     ({"eviction_policy": "lru", "bucket_capacity": 6}, "bucket_capacity=6 is invalid: expected a power of two"),
+    ({"eviction_policy": "lru", "bucket_capacity": 2048}, "bucket_capacity=2048 is invalid: expected .* up to 1024"),
     ({"eviction_policy": "lru", "capacity": 4}, "capacity=4 is invalid.*at least one bucket"),
     ({"eviction_policy": "ttl", "ttl": 0}, "ttl"),
     ({"ttl": 5}, "ttl=5.*need eviction_policy='ttl'"),
