@@ -11,6 +11,7 @@ each replica runs these ops on its shard's state.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -83,8 +84,12 @@ class LifecycleOps:
         with tf.control_dependencies([cleared]):
             return tf.identity(marked)
 
-    def admit(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor) -> tf.Tensor:
-        """Which of the new distinct `keys` get a row now (counting them first).
+    def admit(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor,
+              gate: Callable[[tf.Tensor], list[Any]] | None = None) -> tf.Tensor:
+        """Which of the new distinct `keys` get a row now (counting them first). `gate`, given that
+        decision (made from reads alone), returns ops that the sketch's writes wait for (a check
+        that the admitted keys fit, so that a batch refused counts nothing); the decision then
+        comes back without waiting for the writes.
 
         Keys are counted in a count-min sketch with conservative update: a key's estimate is the
         least of its cells plus its occurrences in this step, and only its cells below that rise to
@@ -98,12 +103,19 @@ class LifecycleOps:
         (a halving is one pass over the sketch, amortized over that many counts or keys)."""
         life = self.options
         ok = tf.ones(tf.shape(keys), tf.bool)
-        if life.min_count > 1:
-            cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
-            sketch = tf_variable(self.sketch)
-            values = tf.cast(read_rows(sketch, cells), tf.int32)
-            before = tf.reduce_min(values, axis=0)
-            seen = before + tf.cast(counts, tf.int32)  # this step's sightings included
+        if life.admit_probability < 1:
+            salt = tf.bitwise.bitwise_xor(keys, now * tf.constant(0x9E3779B97F4A7C15 - (1 << 64), tf.int64))
+            draw = tf.cast(key_index.home_slots(salt, 24), tf.float64) / float(1 << 24)
+            ok &= draw < life.admit_probability
+        if life.min_count <= 1:
+            return ok
+        cells = _cells(keys, life.sketch_depth, life.sketch_width)  # (depth, n)
+        sketch = tf_variable(self.sketch)
+        values = tf.cast(read_rows(sketch, cells), tf.int32)
+        before = tf.reduce_min(values, axis=0)
+        seen = before + tf.cast(counts, tf.int32)  # this step's sightings included
+        ok &= seen >= life.min_count
+        with tf.control_dependencies([] if gate is None else gate(ok)):
             # conservative update: only the cells below a key's new estimate rise, to it (a cell at the
             # minimum, usually one of the depth), so a key's estimate never falls below its count
             # (flat, depth-major), the cells raised to 1 apart: the counters of keys new to the sketch
@@ -115,16 +127,13 @@ class LifecycleOps:
                                   tf.gather(stored, higher % tf.size(seen, tf.int64)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             entered = tf_variable(self.sketch_keys).assign_add(tf.math.count_nonzero(before == 0, dtype=tf.int64))
-            with tf.control_dependencies([counted]):
-                halve = (added >= SKETCH_SAMPLE * self.capacity) | (entered >= int(SKETCH_FILL * life.sketch_width))
-                halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
-            with tf.control_dependencies([halved]):
-                ok &= seen >= life.min_count
-        if life.admit_probability < 1:
-            salt = tf.bitwise.bitwise_xor(keys, now * tf.constant(0x9E3779B97F4A7C15 - (1 << 64), tf.int64))
-            draw = tf.cast(key_index.home_slots(salt, 24), tf.float64) / float(1 << 24)
-            ok &= draw < life.admit_probability
-        return ok
+        with tf.control_dependencies([counted]):
+            halve = (added >= SKETCH_SAMPLE * self.capacity) | (entered >= int(SKETCH_FILL * life.sketch_width))
+            halved = tf.cond(halve, self._halve, lambda: tf.constant(False))
+        if gate is not None:
+            return ok
+        with tf.control_dependencies([halved]):
+            return tf.identity(ok)
 
     @staticmethod
     def _raise(sketch: Any, ones: tf.Tensor, cells: tf.Tensor, values: tf.Tensor) -> tf.Operation:
@@ -185,24 +194,42 @@ class LifecycleOps:
         policy that admits or tracks changes, in the open-addressing `index`. A key never loses its
         row; a full table raises `sok_tutorial.embedding.index.VocabularyExhausted` as a plain one does."""
         life, capacity = self.options, self.capacity
-        now = self.tick()
+        clock = tf_variable(self.clock)
+        now = clock.read_value() + 1  # this lookup's tick, written once the batch is known to fit
         rows, slots = key_index.lookup(index, keys)
         found = rows >= 0
-        touched = self.touch(masked(rows, found), now) if life.track_changes else []
         missing = ~found
         new_keys, new_slots = masked(keys, missing), masked(slots, missing)
         placing = missing
+        held = index.size.read_value()
+
+        def exhausted(name: str, count: Any, free: Any) -> str:
+            return (f"{name}: vocabulary exhausted: {count} new keys in this batch, {free} rows free of "
+                    f"max_vocabulary_size_per_gpu={capacity}; raise it, set an eviction_policy, or hash keys into "
+                    "fewer buckets")
+
+        checks = []
+
+        def fits(admitted: tf.Tensor | None = None) -> list[Any]:
+            """The check that the batch's admitted new keys fit, made before anything is written."""
+            count = tf.size(new_keys if admitted is None else masked(new_keys, admitted), tf.int64)
+            if tf.executing_eagerly() and int(count) > capacity - int(held):
+                raise key_index.VocabularyExhausted(exhausted(self.name, int(count), capacity - int(held)))
+            template = exhausted(self.name.replace("{", "{{").replace("}", "}}"), "{}", "{}")
+            checks.append(tf.debugging.Assert(count <= capacity - held,
+                                              [tf.strings.format(template, (count, capacity - held))]))
+            return checks
+
         if admission and life.admits:
-            ok = self.admit(new_keys, None if counts is None else masked(counts, missing), now)
+            ok = self.admit(new_keys, None if counts is None else masked(counts, missing), now, gate=fits)
             new_keys, new_slots = masked(new_keys, ok), masked(new_slots, ok)
             placing = updated(missing, tf.where(missing)[:, 0], ok)
-        count, held = tf.size(new_keys, tf.int64), index.size.read_value()
-        name = self.name.replace("{", "{{").replace("}", "}}")
-        check = tf.debugging.Assert(count <= capacity - held, [tf.strings.format(
-            f"{name}: vocabulary exhausted: {{}} new keys in this batch, {{}} rows free of "
-            f"max_vocabulary_size_per_gpu={capacity}; raise it, set an eviction_policy, or hash keys into fewer "
-            "buckets", (count, capacity - held))])
-        with tf.control_dependencies([check, *touched]):
+        if not checks:  # (no sketch to count in: the check of the keys admitted, `new_keys` by now)
+            fits()
+        count = tf.size(new_keys, tf.int64)
+        with tf.control_dependencies(checks):
+            written = [clock.assign(now), *(self.touch(masked(rows, found), now) if life.track_changes else [])]
+        with tf.control_dependencies(written):
             new_rows = held + tf.range(count)
             placed = key_index.insert(index, new_keys, new_rows, new_slots)
         with tf.control_dependencies([placed]):

@@ -624,3 +624,36 @@ def test_an_lfu_table_takes_rows_by_write():
     table.write(np.array([1, 2, 3]), {"vectors": np.arange(6, dtype=np.float32).reshape(3, 2)})
     np.testing.assert_array_equal(table.read([3, 1])["vectors"], [[4, 5], [0, 1]])
     assert sorted(zip(table.export()["keys"].tolist(), table.export()["counts"].tolist())) == [(1, 1), (2, 1), (3, 1)]
+
+
+def _everything(table: EmbeddingTable) -> tuple:
+    """What a refused call must leave as it was: the rows by key, the clock, the sketch."""
+    def read(variable):
+        return None if variable is None else variable.numpy().tolist()
+
+    state = table.state
+    return {k: v.tolist() for k, v in table.export().items()}, read(state.clock), read(state.sketch)
+
+
+@pytest.mark.parametrize("kwargs", [{"track_changes": True}, {"min_count": 2, "sketch_width": 64},
+                                    {"admit_probability": 0.999}], ids=["tracks", "min_count", "admit_probability"])
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_a_table_that_admits_or_tracks_and_is_full_raises_before_anything_changes(kwargs, in_graph):
+    """Out of rows, as a plain table: `VocabularyExhausted` (in a graph, its base class with the
+    same message) before the clock ticks, a mark moves or the sketch counts the batch."""
+    from sok_tutorial.embedding import VocabularyExhausted
+
+    table = EmbeddingTable(4, 2, name="t", **kwargs)
+    for _ in range(2):  # (twice: min_count=2 admits them)
+        table(tf.constant([1, 2, 3], tf.int64), training=True)
+    before = _everything(table)
+    call = tf.function(lambda k: table(k, training=True)) if in_graph else (lambda k: table(k, training=True))
+    error = tf.errors.InvalidArgumentError if in_graph else VocabularyExhausted
+    too_many = tf.constant([1, 2, 5, 6, 7, 8], tf.int64)
+    if "min_count" in kwargs:
+        call(too_many)  # seen once: none admitted, so they fit (and are counted)
+        before = _everything(table)
+    with pytest.raises(error, match=r"t: vocabulary exhausted: 4 new keys in this batch, 1 rows free"):
+        call(too_many)
+    assert _everything(table) == before
+
