@@ -6,6 +6,8 @@ import numbers
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 
 def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
     """`value` as an int if it is an integer >= 1 (>= 0 with `allow_zero`), else ValueError."""
@@ -14,6 +16,14 @@ def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
         what = "a non-negative integer" if allow_zero else "a positive integer"
         raise ValueError(f"{name}={value!r} is invalid: expected {what}")
     return int(value)
+
+
+def flag(name: str, value: Any) -> bool:
+    """`value` as a bool if it is one (Python's or NumPy's), else ValueError: a string such as
+    ``"False"`` would otherwise read as True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}={value!r} is invalid: expected True or False")
+    return bool(value)
 
 
 def fraction(name: str, value: Any, *, low: float = 0.0, high: float = 1.0) -> float:

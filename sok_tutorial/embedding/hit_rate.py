@@ -27,13 +27,29 @@ from typing import Any
 
 import numpy as np
 
+from kernels import checks
+
+
+def _stream(batches: Iterable[Any], capacity: Any, skip: Any = 0) -> list[np.ndarray]:
+    """`batches` as a list of integer arrays, once `capacity` and `skip` are checked against them."""
+    checks.positive_int("capacity", capacity)
+    out = [np.asarray(batch) for batch in batches]
+    if not out:
+        raise ValueError("batches is empty: expected at least one batch of keys")
+    kinds = {batch.dtype.kind for batch in out}
+    if not kinds <= set("iu"):
+        raise ValueError(f"batches must hold integer keys, got dtypes {sorted(str(b.dtype) for b in out)[:3]}")
+    if checks.positive_int("skip", skip, allow_zero=True) >= len(out):
+        raise ValueError(f"skip={skip} is invalid: expected fewer than the {len(out)} batches (the steps to rate)")
+    return out
+
 
 def exact_lru_hits(batches: Iterable[Any], capacity: int) -> list[tuple[int, int]]:
     """(hits, distinct keys) of each batch through an exact LRU cache of `capacity` keys."""
     cache: OrderedDict[int, None] = OrderedDict()
     out = []
-    for batch in batches:
-        keys = list(dict.fromkeys(np.asarray(batch).reshape(-1).tolist()))  # distinct, first-seen order
+    for batch in _stream(batches, capacity):
+        keys = list(dict.fromkeys(batch.reshape(-1).tolist()))  # distinct, first-seen order
         step, hits = set(keys), 0
         for key in keys:
             if key in cache:
@@ -95,6 +111,7 @@ def admission_hit_rates(batches: list[Any], capacity: int, min_count: int = 2, s
         >>> rates["admitted"] > rates["every_key"]
         True
     """
+    batches = _stream(batches, capacity, skip)
     admitted, rows = table_hits(batches, capacity, min_count=min_count, **options)
     every, _ = table_hits(batches, capacity)
     return {"admitted": _rate(admitted, skip), "every_key": _rate(every, skip), "capacity": rows,
@@ -104,6 +121,7 @@ def admission_hit_rates(batches: list[Any], capacity: int, min_count: int = 2, s
 def lru_hit_rates(batches: list[Any], capacity: int, bucket_capacity: int = 8, skip: int = 0) -> dict[str, Any]:
     """Hit rates (hits / distinct keys, summed over the steps after the first `skip`) of an LRU table
     with buckets of `bucket_capacity` and of exact LRU at the table's capacity."""
+    batches = _stream(batches, capacity, skip)
     bucketed, rows = table_hits(batches, capacity, bucket_capacity)
     exact = exact_lru_hits(batches, rows)
     return {"bucketed": _rate(bucketed, skip), "exact": _rate(exact, skip), "capacity": rows,

@@ -53,6 +53,7 @@ Example:
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,7 @@ REMOVED = {"evict_fraction": "a table with an eviction_policy evicts inside each
            "lfu_decay": "LFU counts halve every lfu_halflife steps"}
 
 
+MAX_STATE = 2**31  # sketch_width, eviction_log: entries of a state array
 MAX_BUCKET = 1024  # bucket_capacity: every lookup of a key reads its whole bucket
 _CLOCK_LIMIT = 2**62  # a ttl, in the clock's units, leaves room to add it to any clock reading in int64
 _STEP_LIMIT = 2**31 - 2  # step marks of a table with a policy are int32
@@ -108,13 +110,13 @@ class Lifecycle:
                              f"got ttl={ttl}, ttl_seconds={ttl_seconds}")
         if ttl is not None and checks.positive_int("ttl", ttl) >= _STEP_LIMIT:
             raise ValueError(f"ttl={ttl} is invalid: expected fewer than {_STEP_LIMIT} steps")
-        if ttl_seconds is not None and (isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, (int, float))
+        if ttl_seconds is not None and (isinstance(ttl_seconds, (bool, np.bool_))
+                                        or not isinstance(ttl_seconds, numbers.Real)
                                         or not 1 <= ttl_seconds * 1000 < _CLOCK_LIMIT):
             raise ValueError(f"ttl_seconds={ttl_seconds!r} is invalid: expected a number of seconds from 0.001 "
                              f"(the table's clock counts milliseconds in int64) to less than {_CLOCK_LIMIT // 1000}")
-        if not isinstance(track_changes, (bool, np.bool_)):
-            raise ValueError(f"track_changes={track_changes!r} is invalid: expected True or False")
-        if isinstance(admit_probability, bool) or not isinstance(admit_probability, (int, float)) \
+        checks.flag("track_changes", track_changes)
+        if isinstance(admit_probability, (bool, np.bool_)) or not isinstance(admit_probability, numbers.Real) \
                 or not 0 < admit_probability <= 1:
             raise ValueError(f"admit_probability={admit_probability!r} is invalid: expected a number in (0, 1]")
         if isinstance(min_count, bool) or not isinstance(min_count, (int, np.integer)) \
@@ -126,7 +128,8 @@ class Lifecycle:
             raise ValueError(f"bucket_capacity={bucket_capacity!r} is invalid: expected a power of two up to "
                              f"{MAX_BUCKET} (8: one 64-byte cache line of int64 keys; a lookup reads a key's whole "
                              "bucket)")
-        checks.positive_int("lfu_halflife", lfu_halflife)
+        if checks.positive_int("lfu_halflife", lfu_halflife) >= _CLOCK_LIMIT:
+            raise ValueError(f"lfu_halflife={lfu_halflife} is invalid: expected fewer than {_CLOCK_LIMIT} clock units")
         if eviction_policy is not None and capacity >= 2**31 - width:
             raise ValueError(f"{name}: capacity={capacity} is invalid with eviction_policy={eviction_policy!r}: "
                              "expected fewer than 2**31 rows per table (shard the table)")
@@ -141,12 +144,42 @@ class Lifecycle:
         checks.positive_int("sketch_depth", sketch_depth)
         if sketch_depth > len(SALTS):
             raise ValueError(f"sketch_depth={sketch_depth} is invalid: expected at most {len(SALTS)}")
-        width_sketch = 1 << max(4, int(np.ceil(np.log2(checks.positive_int("sketch_width", sketch_width)
-                                                        if sketch_width is not None else SKETCH_WIDTH * capacity))))
-        log = capacity if eviction_log is None else checks.positive_int("eviction_log", eviction_log)
-        return cls(eviction_policy, ttl, None if ttl_seconds is None else float(ttl_seconds), int(lfu_halflife),
-                   width, int(min_count), float(admit_probability), int(sketch_depth), width_sketch,
+        for what, value in (("sketch_width", sketch_width), ("eviction_log", eviction_log)):
+            if value is not None and checks.positive_int(what, value) > MAX_STATE:
+                raise ValueError(f"{what}={value} is invalid: expected at most {MAX_STATE} (2**31: entries of an "
+                                 "array the table keeps in memory)")
+        width_sketch = 1 << max(4, int(np.ceil(np.log2(sketch_width if sketch_width is not None
+                                                        else SKETCH_WIDTH * capacity))))
+        log = capacity if eviction_log is None else int(eviction_log)
+        seconds = None if ttl_seconds is None else float(ttl_seconds)
+        return cls(eviction_policy, None if ttl is None else int(ttl), seconds, int(lfu_halflife), width,
+                   int(min_count), float(admit_probability), int(sketch_depth), width_sketch,
                    bool(track_changes) or eviction_policy is not None, log)
+
+    def check_row_state(self, name: str, marks: Any, counts: Any) -> None:
+        """Raise ValueError, naming the array, if saved per-key `marks` or `counts` (None: absent)
+        cannot be this table's: both integers >= 0, and marks readings of this table's clock. A
+        table with a policy keeps step marks in int32 (below 2**31 - 1); with ``ttl_seconds`` its
+        clock counts milliseconds since 1970, so its marks are at least 2**31. Marks of one kind of
+        clock restored into a table of the other would expire every key at once, or stop the step
+        clock at its limit."""
+        for array, what in ((marks, "marks"), (counts, "counts")):
+            if array is None or not np.size(array):
+                continue
+            values = np.asarray(array)
+            if values.dtype.kind not in "iu" or values.min() < 0:
+                raise ValueError(f"{name}: {what} must be integers >= 0, got {values.dtype} from {values.min()}")
+        if marks is None or not np.size(marks):
+            return
+        low, high = int(np.min(marks)), int(np.max(marks))
+        if self.wall_clock and low < 2**31:
+            raise ValueError(f"{name}: marks from {low} are invalid for a table with ttl_seconds, whose clock counts "
+                             "milliseconds since 1970 (at least 2**31): they look like steps, from a table whose "
+                             "clock counts training lookups")
+        if self.evicts and not self.wall_clock and high > _STEP_LIMIT:
+            raise ValueError(f"{name}: marks up to {high} are invalid for a table whose clock counts training lookups "
+                             f"(int32, at most {_STEP_LIMIT}): they look like milliseconds, from a table with "
+                             "ttl_seconds")
 
     def bucketed_index(self, capacity: int, shards: int = 1) -> BucketedIndex | None:
         """The bucketed index (its variables not made yet) of a table of `capacity` rows with a

@@ -19,7 +19,7 @@ import tensorflow as tf
 from sok_tutorial.embedding.collectives import all_gather, gather_counts
 from sok_tutorial.embedding.ops import local_components, read_rows
 from sok_tutorial.embedding.precision import widen
-from sok_tutorial.embedding.table_rows import RowsByKey
+from sok_tutorial.embedding.table_rows import RowsByKey, checked_mark
 
 
 class ShardedRows(RowsByKey):
@@ -55,6 +55,7 @@ class ShardedRows(RowsByKey):
         key's layer slot, table-wise; -1 otherwise), and with change tracking ``marks`` (LFU:
         ``counts``). `since`: only the rows changed after that mark. Each row group is exported
         by the process holding its first replica (module docstring)."""
+        since = checked_mark(since)
         variables = [self.variable, *self.optimizer_slots(optimizer)]
         blocks = self._blocks(variables, optimizer)
         # (component, keys, rows) of each local replica: the C replicas of a group agree

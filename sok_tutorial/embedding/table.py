@@ -133,7 +133,7 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
         self.optimizer = optimizer_from_config(optimizer)
         self.capacity = checks.positive_int("capacity", capacity)
         self.dim = checks.positive_int("dim", dim)
-        self.dynamic = bool(dynamic)
+        self.dynamic = checks.flag("dynamic", dynamic)
         self.init = init_spec(initializer)
         self.lifecycle = lifecycle.Lifecycle.create(
             self.name, self.capacity, self.dynamic, eviction_policy=eviction_policy, ttl=ttl, ttl_seconds=ttl_seconds,

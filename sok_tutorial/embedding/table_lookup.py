@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
@@ -25,6 +26,12 @@ class KeysToVectors:
     """A table's lookup: keys checked, deduplicated, given rows, read as vectors."""
 
     def _keys(self, keys: Any) -> tf.Tensor:
+        if isinstance(keys, (tf.RaggedTensor, tf.SparseTensor)):
+            raise TypeError(f"{self.name}: keys must be a dense tensor, got a {type(keys).__name__}; a layer "
+                            "(DistributedEmbedding, FeatureEmbedding) takes ragged and sparse keys")
+        if isinstance(keys, (list, tuple, int, np.integer)):  # (Python's numbers: int64, as a tensor of them is)
+            keys = np.asarray(keys)
+            keys = keys.astype(np.int64) if keys.dtype.kind in "iu" else keys
         dtype = getattr(keys, "dtype", None)
         if dtype is None or not tf.as_dtype(dtype).is_integer:
             raise TypeError(f"{self.name}: keys must be integers (int64 or int32), got {dtype}")

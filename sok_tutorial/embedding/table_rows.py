@@ -19,6 +19,13 @@ from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.embedding.precision import compute_dtype, widen
 
 
+def checked_mark(since: Any) -> int | None:
+    """`since` of an export: None (every row) or a mark, an int; else TypeError."""
+    if since is None or (isinstance(since, (int, np.integer)) and not isinstance(since, (bool, np.bool_))):
+        return None if since is None else int(since)
+    raise TypeError(f"since={since!r} is invalid: expected None (every row) or a mark (int)")
+
+
 class RowsByKey:
     """Every row in use, or chosen rows, by key, with the optimizer's per-row state beside them."""
 
@@ -50,6 +57,9 @@ class RowsByKey:
         `optimizer_slots`), plus ``shard`` (the replica holding each key) and ``key_slots`` (the
         layer slot of each key, table-wise placement; -1 otherwise); a table that tracks changes
         adds ``marks`` (LFU: ``counts``). `since`: only the rows changed after that mark."""
+        since = checked_mark(since)
+        if not self.built:  # (nothing in it yet)
+            self.build()
         slots = self.optimizer_slots(optimizer)
         parts = []
         for component, shard in enumerate(self.local_shards):
@@ -76,9 +86,14 @@ class RowsByKey:
 
     def _checked(self, arrays: dict[str, Any], optimizer: Any) -> tuple[np.ndarray, list[np.ndarray], list[Any]]:
         """(keys, [vectors, slot_0, ...], the variables they go to), after checking everything."""
+        absent = [name for name in ("keys", "vectors") if name not in arrays]
+        if absent:
+            raise ValueError(f"{self.name}: rows by key need {' and '.join(absent)}, got the arrays {sorted(arrays)}")
         keys = np.asarray(arrays["keys"])
         if keys.dtype.kind not in "iu" or keys.ndim != 1:
             raise ValueError(f"{self.name}: keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
+        if keys.dtype.kind == "u" and len(keys) and keys.max() > np.iinfo(np.int64).max:
+            raise ValueError(f"{self.name}: keys must fit in int64, got {keys.max()}")
         keys = keys.astype(np.int64)
         variables = [self.variable, *self.optimizer_slots(optimizer)]
         names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
@@ -90,6 +105,8 @@ class RowsByKey:
             if value.shape != want:
                 raise ValueError(f"{self.name}: {name} has shape {value.shape}, expected {want} (one-device rows "
                                  f"of {variable.path})")
+            if value.dtype.kind not in "fiu":
+                raise ValueError(f"{self.name}: {name} must hold real numbers, got dtype {value.dtype}")
             values.append(value)
         if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()) and len(np.unique(keys)) != len(keys):
             raise ValueError(f"{self.name}: keys repeat")  # (keys in increasing order are distinct)
@@ -97,6 +114,8 @@ class RowsByKey:
             if name in arrays and np.shape(arrays[name]) != (len(keys),):
                 raise ValueError(f"{self.name}: {name} has shape {np.shape(arrays[name])}, expected ({len(keys)},): "
                                  "one per key")
+        if self.lifecycle.active:
+            self.lifecycle.check_row_state(self.name, arrays.get("marks"), arrays.get("counts"))
         return keys, values, variables
 
     def _row_shapes(self, variables: list[Any], optimizer: Any) -> list[tuple]:
@@ -126,6 +145,8 @@ class RowsByKey:
         each key in its bucket (keys a bucket has no room for are left out, with a warning); a
         table of row ids takes each key's row. Everything is checked (`check`) before anything is
         written."""
+        if not self.built:
+            self.build()
         keys, values, variables = self._checked(arrays, optimizer)
         self._check_fit(keys)
         slots = self.state.reset(keys, arrays.get("marks"), arrays.get("counts")) \

@@ -47,6 +47,11 @@ CASES = [
      r"initializer"),
     ("table float keys", lambda: _built()(tf.constant([1.5])), TypeError, r"keys must be integers"),
     ("table string keys", lambda: _built()(tf.constant(["a"])), TypeError, r"keys must be integers"),
+    ("table ragged keys", lambda: _built()(tf.ragged.constant([[1], [2, 3]], tf.int64)), TypeError,
+     r"t: keys must be a dense tensor, got a RaggedTensor"),
+    ("table sparse keys", lambda: _built().lookup(tf.sparse.from_dense(tf.constant([[1, 0]], tf.int64))), TypeError,
+     r"t: keys must be a dense tensor, got a SparseTensor"),
+    ("table list of floats", lambda: _built().lookup([1.5]), TypeError, r"keys must be integers .*got float64"),
     ("table restore 2-D keys", lambda: _built().restore({"keys": np.zeros((2, 2), np.int64),
                                                           "vectors": np.zeros((2, 2), np.float32)}),
      ValueError, r"keys must be a 1-D integer array"),
@@ -57,6 +62,24 @@ CASES = [
     ("table restore repeated keys", lambda: _built().restore({"keys": np.array([3, 1, 3]),
                                                                "vectors": np.zeros((3, 2))}),
      ValueError, r"keys repeat"),
+    ("table restore without vectors", lambda: _built().restore({"keys": np.arange(2)}), ValueError,
+     r"t: rows by key need vectors, got the arrays \['keys'\]"),
+    ("table restore without keys", lambda: _built().restore({"vectors": np.zeros((2, 2))}), ValueError,
+     r"t: rows by key need keys"),
+    ("table restore string vectors", lambda: _built().restore({"keys": np.arange(2), "vectors": np.full((2, 2), "a")}),
+     ValueError, r"vectors must hold real numbers, got dtype <U1"),
+    ("table restore uint64 key past int64", lambda: _built().restore({"keys": np.array([2**64 - 1], np.uint64),
+                                                                       "vectors": np.zeros((1, 2))}),
+     ValueError, r"keys must fit in int64"),
+    ("table dynamic 'False'", lambda: EmbeddingTable(4, 2, dynamic="False"), ValueError,
+     r"dynamic='False' is invalid: expected True or False"),
+    ("table export since float", lambda: _built().export(since=1.5), TypeError, r"since=1.5 is invalid"),
+    ("lifecycle lfu_halflife 2**63", lambda: EmbeddingTable(8, 2, eviction_policy="lfu", lfu_halflife=2**63),
+     ValueError, r"lfu_halflife=9223372036854775808 is invalid: expected fewer than"),
+    ("lifecycle sketch_width 2**40", lambda: EmbeddingTable(8, 2, min_count=2, sketch_width=2**40), ValueError,
+     r"sketch_width=1099511627776 is invalid: expected at most 2147483648"),
+    ("lifecycle eviction_log 2**40", lambda: EmbeddingTable(8, 2, eviction_policy="lru", eviction_log=2**40),
+     ValueError, r"eviction_log=1099511627776 is invalid"),
     ("static restore out of range", lambda: _built(dynamic=False).restore({"keys": np.array([7]),
                                                                             "vectors": np.zeros((1, 2))}),
      ValueError, r"\[0, 4\)"),
@@ -89,6 +112,17 @@ CASES = [
 def test_bad_input_is_refused_by_name(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+def test_a_list_of_python_ints_is_looked_up_as_int64_keys():
+    table = _built(capacity=8)
+    assert table.lookup([1, 2**40], training=True).shape == (2, 2) and table.size == 2
+
+
+def test_numpy_numbers_are_taken_where_python_ones_are():
+    table = EmbeddingTable(8, 2, eviction_policy="ttl", ttl_seconds=np.float32(1.5), admit_probability=np.float32(0.5))
+    assert table.lifecycle.ttl_seconds == 1.5 and table.lifecycle.admit_probability == 0.5
+    assert type(EmbeddingTable(8, 2, eviction_policy="ttl", ttl=np.int64(5)).get_config()["ttl"]) is int
 
 
 def test_a_full_table_without_a_policy_names_table_capacity_and_keys():

@@ -13,6 +13,7 @@ import tensorflow as tf
 from sok_tutorial.embedding import EmbeddingTable, lifecycle, ops
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.buckets import bucket_of_np
+from sok_tutorial.embedding.hit_rate import admission_hit_rates, exact_lru_hits, lru_hit_rates
 
 
 class Reference:
@@ -635,6 +636,30 @@ def _everything(table: EmbeddingTable) -> tuple:
     return {k: v.tolist() for k, v in table.export().items()}, read(state.clock), read(state.sketch)
 
 
+@pytest.mark.parametrize("kwargs, arrays, message", [
+    ({}, {"vectors": np.full((2, 2), "a")}, r"vectors must hold real numbers"),
+    ({}, {"vectors": np.full((2, 2), None)}, r"vectors must hold real numbers, got dtype object"),
+    ({"eviction_policy": "lru"}, {"marks": np.array([-1, 3])}, r"marks must be integers >= 0, got int64 from -1"),
+    ({"eviction_policy": "lru"}, {"marks": np.array([1.5, 2.0])}, r"marks must be integers >= 0, got float64"),
+    ({"eviction_policy": "lfu"}, {"counts": np.array([-5, 3])}, r"counts must be integers >= 0"),
+    # a wall clock's marks (milliseconds since 1970) into a step clock, and step marks into a wall clock
+    ({"eviction_policy": "lru"}, {"marks": np.array([1_795_920_700_171] * 2)}, r"marks up to 1795920700171 .* look "
+                                                                                r"like milliseconds"),
+    ({"eviction_policy": "ttl", "ttl_seconds": 100.0}, {"marks": np.array([3, 4])}, r"marks from 3 .* look like steps"),
+])
+def test_a_refused_restore_changes_nothing(kwargs, arrays, message):
+    table = EmbeddingTable(16, 2, name="t", **kwargs)
+    for t in range(3):
+        table(tf.constant([1, 2, 3 + t], tf.int64), training=True)
+    before = _everything(table)
+    saved = {"keys": np.array([7, 8]), "vectors": np.ones((2, 2), np.float32), **arrays}
+    with pytest.raises(ValueError, match=message):
+        table.check(saved)
+    with pytest.raises(ValueError, match=message):
+        table.restore(saved)
+    assert _everything(table) == before
+
+
 @pytest.mark.parametrize("kwargs", [{"track_changes": True}, {"min_count": 2, "sketch_width": 64},
                                     {"admit_probability": 0.999}], ids=["tracks", "min_count", "admit_probability"])
 @pytest.mark.parametrize("in_graph", [False, True])
@@ -657,3 +682,17 @@ def test_a_table_that_admits_or_tracks_and_is_full_raises_before_anything_change
         call(too_many)
     assert _everything(table) == before
 
+
+@pytest.mark.parametrize("call, message", [
+    (lambda b: lru_hit_rates([], 16), r"batches is empty"),
+    (lambda b: lru_hit_rates(b, 16, skip=4), r"skip=4 is invalid: expected fewer than the 4 batches"),
+    (lambda b: lru_hit_rates(b, 16, skip=-1), r"skip=-1 is invalid"),
+    (lambda b: lru_hit_rates([x + 0.5 for x in b], 16), r"batches must hold integer keys"),
+    (lambda b: exact_lru_hits(b, 0), r"capacity=0 is invalid"),
+    (lambda b: exact_lru_hits(b, 2.5), r"capacity=2.5 is invalid"),
+    (lambda b: admission_hit_rates(b, 16, skip=9), r"skip=9 is invalid"),
+])
+def test_hit_rates_refuse_bad_streams_by_name(call, message):
+    batches = [np.arange(4 * t, 4 * t + 8) for t in range(4)]
+    with pytest.raises(ValueError, match=message):
+        call(batches)

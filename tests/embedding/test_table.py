@@ -223,3 +223,12 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_anything_changes(tmp_p
             load_checkpoint(tmp_path / "ckpt", model, model.optimizer)
         for v, b in zip(model.variables + model.optimizer.variables, before):
             np.testing.assert_array_equal(v.numpy(), b)
+
+
+@pytest.mark.parametrize("policy", [None, "lru"])
+def test_a_table_not_built_yet_exports_empty_and_restores(policy):
+    """Restoring into a fresh table is how a served copy starts: it builds itself first."""
+    assert EmbeddingTable(16, 2, eviction_policy=policy).export()["keys"].tolist() == []
+    table = EmbeddingTable(16, 2, eviction_policy=policy, name="served")
+    table.restore({"keys": np.array([5, 9]), "vectors": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)})
+    np.testing.assert_array_equal(table(tf.constant([9, 5, 7], tf.int64)).numpy(), [[3, 4], [1, 2], [0, 0]])
