@@ -72,7 +72,7 @@ class _EmbeddingBase(keras.layers.Layer):
         self.max_vocabulary_size_per_gpu = checks.positive_int("max_vocabulary_size_per_gpu",
                                                                max_vocabulary_size_per_gpu)
         self.embedding_vec_size = checks.positive_int("embedding_vec_size", embedding_vec_size)
-        self.use_hashtable = bool(use_hashtable)
+        self.use_hashtable = checks.flag("use_hashtable", use_hashtable)
         self.key_dtype = tf.as_dtype(key_dtype).name
         checks.one_of("key_dtype", self.key_dtype, ("int64", "int32"))
         self.init = init_spec(embedding_initializer)

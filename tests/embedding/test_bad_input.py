@@ -95,6 +95,8 @@ CASES = [
      ValueError, r"sharding='diagonal'"),
     ("layer unknown exchange", lambda: All2AllDenseEmbedding(10, 4, 1, 1, exchange="broadcast"), ValueError,
      r"exchange='broadcast'"),
+    ("layer use_hashtable 'no'", lambda: DistributedEmbedding("sum", 10, 4, slot_num=1, max_nnz=1, use_hashtable="no"),
+     ValueError, r"use_hashtable='no' is invalid: expected True or False"),
     ("layer vocabulary 0", lambda: All2AllDenseEmbedding(0, 4, 1, 1), ValueError, r"max_vocabulary_size_per_gpu=0"),
     ("dense layer ragged keys", lambda: All2AllDenseEmbedding(10, 4, 1, 1)(tf.ragged.constant([[1]], tf.int64)),
      TypeError, r"takes dense keys"),
