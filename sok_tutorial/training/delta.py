@@ -126,11 +126,15 @@ def export_delta(model: Any, path: str | os.PathLike, since: Any, *, optimizer: 
     resumes from deltas; serving needs none.
     """
     tables, starts = tables_of(model), _since(since, model)
-    parts = []
     for table, start in zip(tables, starts):
         if not table.lifecycle.track_changes:
             raise ValueError(f"table {table.name!r} does not track changes: build it with track_changes=True (or "
                              "an eviction_policy) to export deltas")
+        if start > lifecycle.mark(table):
+            raise ValueError(f"since={since!r} is invalid: table {table.name!r} has reached mark "
+                             f"{lifecycle.mark(table)}, and a delta starts at a mark its tables have reached")
+    parts = []
+    for table, start in zip(tables, starts):
         arrays = table.export(optimizer, since=start)
         arrays.pop("shard")
         arrays["evicted"] = lifecycle.evicted_since(table, start)

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import sok_tutorial as sok
+from sok_tutorial.embedding import lifecycle, tables_of
 from sok_tutorial.training import checkpoint
 from sok_tutorial.training.delta import DeltaError, apply_delta, export_delta, export_model_tables
 
@@ -105,6 +106,17 @@ def test_a_table_without_tracking_cannot_export_deltas(tmp_path):
     with pytest.raises(ValueError, match="does not track changes: build it with track_changes=True"):
         export_delta(model, tmp_path / "d", since=0)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_delta_from_a_mark_the_tables_have_not_reached_is_refused(tmp_path):
+    model = make_model()
+    model.fit(*day(0), batch_size=64, verbose=0)
+    reached = lifecycle.mark(tables_of(model)[0])
+    with pytest.raises(ValueError, match=rf"since={reached + 1} is invalid: table .* has reached mark {reached}"):
+        export_delta(model, tmp_path / "d", since=reached + 1)
+    assert not (tmp_path / "d").exists()
+    export_delta(model, tmp_path / "d", since=reached)  # nothing changed since: an empty delta
+    assert (tmp_path / "d").exists()
 
 
 def _served(root):
