@@ -34,7 +34,7 @@ from kernels import checks
 from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.table import EmbeddingTable, tables_of
-from sok_tutorial.training.naming import match
+from sok_tutorial.training.naming import match, same_name
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -94,7 +94,9 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     (a directory all of them can reach); each writes the rows of its shards, and worker 0 puts
     the checkpoint together and renames it into place once all have written.
     """
+    checks.flag("overwrite", overwrite)
     tables = tables_of(model)
+    _check_rows(tables, optimizer, rows)
     partial = [table for table in tables if held_in_part(table)]
     workers = partial[0].num_shards // len(partial[0].local_shards) if partial else 1
     worker = partial[0].local_shards[0] // len(partial[0].local_shards) if partial else 0
@@ -113,6 +115,21 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     if partial:
         worker_barrier(partial[0])  # the checkpoint is complete before anyone reads it
     return Path(path)
+
+
+def _check_rows(tables: list[Any], optimizer: Any, rows: Any) -> None:
+    """`save_checkpoint`'s `rows`, checked before anything is written: a mapping from names of the
+    model's tables to rows each table could restore."""
+    if rows is None:
+        return
+    if not isinstance(rows, Mapping):
+        raise TypeError(f"rows is invalid: expected a mapping from table names to rows, got {type(rows).__name__}")
+    names = {table.name: table for table in tables}
+    unknown = sorted(set(rows) - set(names))
+    if unknown:
+        raise ValueError(f"rows names {unknown}, which are not tables of the model ({sorted(names)})")
+    for name, arrays in rows.items():
+        names[name].check(arrays, optimizer, fit=False)
 
 
 def _write_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any, tables: list[Any],
@@ -164,14 +181,14 @@ def _read_table(path: Path, i: int, entry: dict[str, Any]) -> dict[str, np.ndarr
     """A table's arrays: one file, or one per worker that held shards (concatenated)."""
     files = entry.get("files", 1)
     if files == 1 and (path / "tables" / f"{i}.npz").is_file():
-        return dict(np.load(path / "tables" / f"{i}.npz"))
+        return read_npz(path / "tables" / f"{i}.npz")
     parts = [path / "tables" / f"{i}.worker{w}.npz" for w in range(files)]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
         raise CheckpointMismatch(f"checkpoint {str(path)!r}: table {entry['layer']} lacks {missing} "
                                  f"({files} shard files expected)")
-    loaded = [np.load(p) for p in parts]
-    return {name: np.concatenate([part[name] for part in loaded]) for name in loaded[0].files}
+    loaded = [read_npz(p) for p in parts]
+    return {name: np.concatenate([part[name] for part in loaded]) for name in loaded[0]}
 
 
 class CheckpointMismatch(ValueError):
@@ -182,12 +199,14 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
                     tables: bool = True) -> dict[str, Any]:
     """Restore `model` (and `optimizer`, which must be built) from `path`; returns the saved state.
 
-    Everything is read and checked first (the model's class, dense variables by name and shape,
-    each table's width, keys and optimizer slots, the optimizer's other variables); only then is
+    Everything is read whole and checked first (the model's class, dense variables by name and
+    shape, each table's name, width, keys and optimizer slots, the optimizer's other variables,
+    every file's contents); only then is
     anything assigned, so a checkpoint that does not fit leaves the model as it was. With
     ``tables=False`` the tables' rows are checked for shape but left alone (`read_tables` gives
     them): how the training cache loads a save into its parameter server.
     """
+    checks.flag("tables", tables)
     path = Path(path)
     manifest = _manifest(path)
     owned = tables_of(model)
@@ -204,6 +223,10 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
         problems.append(f"{len(manifest['tables'])} embedding tables vs {len(owned)}")
     data, states = [], {}
     for i, (entry, table) in enumerate(zip(manifest["tables"], owned)):
+        if not same_name(entry["layer"], relative_path(model, table.path)):
+            problems.append(f"table {i} was saved as {entry['layer']}, this model's is "
+                            f"{relative_path(model, table.path)}")
+            continue
         if entry["dim"] != table.dim:
             problems.append(f"table {entry['layer']}: width {entry['dim']} vs {table.dim}")
             continue
@@ -212,11 +235,12 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
             problems.append(f"table {entry['layer']}: saved table-wise (keys placed by slot), restoring "
                             f"sharding={table.sharding!r}")
             continue
-        arrays = _read_table(path, i, entry)
         try:
+            arrays = _read_table(path, i, entry)
             table.check(arrays, optimizer, fit=tables)
-        except ValueError as exc:
+        except (ValueError, FileNotFoundError) as exc:
             problems.append(f"table {entry['layer']}: {exc}")
+            continue
         data.append(arrays)
         kept = path / "tables" / f"{i}.lifecycle.npz"
         if tables and table.lifecycle.active and kept.is_file():
@@ -227,16 +251,29 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     slot_ids = {id(s) for table in owned for s in table.optimizer_slots(optimizer)}
     others = [v for v in optimizer.variables if id(v) not in slot_ids] if optimizer is not None and optimizer.built \
         else []
-    saved_optimizer = np.load(path / "optimizer.npz") if others else None
-    if saved_optimizer is not None and len(others) != len(saved_optimizer.files):
-        problems.append(f"optimizer has {len(others)} variables, the checkpoint {len(saved_optimizer.files)}")
+    if optimizer is not None and not optimizer.built and manifest["optimizer"]["variables"]:
+        problems.append(f"optimizer {type(optimizer).__name__} is not built, so the checkpoint's "
+                        f"{len(manifest['optimizer']['variables'])} optimizer variables have nowhere to go: build it "
+                        "(optimizer.build(model.trainable_variables)) first")
+    try:
+        saved_optimizer = read_npz(path / "optimizer.npz") if others else None
+        dense = read_npz(path / "dense.npz")
+    except (ValueError, FileNotFoundError) as exc:
+        raise CheckpointMismatch(f"checkpoint {str(path)!r} cannot be loaded: {exc}") from None
+    position = {name: i for i, name in enumerate(saved_dense)}
+    for name, v in pairs:  # (dense.npz against the manifest: a file replaced since)
+        array = dense.get(f"v{position[name]}")
+        if array is None or array.shape != tuple(v.shape):
+            problems.append(f"dense variable {name}: dense.npz holds {'no array' if array is None else array.shape} "
+                            f"for shape {tuple(v.shape)}")
+    if saved_optimizer is not None and len(others) != len(saved_optimizer):
+        problems.append(f"optimizer has {len(others)} variables, the checkpoint {len(saved_optimizer)}")
     elif saved_optimizer is not None:
         problems += [f"optimizer variable {v.name}: shape {tuple(v.shape)} vs {saved_optimizer[f'v{i}'].shape}"
                      for i, v in enumerate(others) if tuple(v.shape) != saved_optimizer[f"v{i}"].shape]
     if problems:
         raise CheckpointMismatch(f"checkpoint {str(path)!r} does not match this model: " + "; ".join(problems))
 
-    dense, position = np.load(path / "dense.npz"), {name: i for i, name in enumerate(saved_dense)}
     for name, v in pairs:
         v.assign(dense[f"v{position[name]}"])
     for i, (arrays, table) in enumerate(zip(data if tables else [], owned)):

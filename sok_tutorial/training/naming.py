@@ -22,6 +22,16 @@ from typing import Any
 _AUTO_NUMBER = re.compile(r"_\d+(?=[/_]|$)")  # Keras' per-process suffix: dense_3/, seed_generator_6/
 
 
+def same_name(saved: str, current: str) -> bool:
+    """Whether two layer or variable paths name the same thing, Keras' auto-numbers aside.
+
+    Example:
+        >>> same_name("embedding_table_3", "embedding_table"), same_name("users", "items")
+        (True, False)
+    """
+    return _group(saved, ())[0] == _group(current, ())[0]
+
+
 def _group(name: str, shape: Any) -> tuple[str, tuple[int, ...]]:
     """A variable's name without Keras' auto-numbers (``dense_3`` -> ``dense``), and its shape."""
     return _AUTO_NUMBER.sub("", name.split("#")[0]), tuple(int(d) for d in shape)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import zipfile
 from pathlib import Path
 
 import keras
@@ -68,6 +69,10 @@ CASES = [
     ("evaluate empty", lambda t: evaluate(_model(), []), ValueError, r"yielded no batches"),
     ("save over other files", lambda t: save_checkpoint(_occupied(t), _model(), overwrite=True), FileExistsError,
      r"path=.*did not write"),
+    ("save overwrite 'no'", lambda t: save_checkpoint(t / "c", _model(), overwrite="no"), ValueError,
+     r"overwrite='no' is invalid: expected True or False"),
+    ("load tables 'no'", lambda t: load_checkpoint(t, _model(), tables="no"), ValueError,
+     r"tables='no' is invalid"),
     ("load missing manifest", lambda t: load_checkpoint(t, _model()), FileNotFoundError, r"manifest\.json missing"),
     ("load_export missing", lambda t: load_export(t / "none"), FileNotFoundError, r"path=.*not an export"),
     ("profile start 0", lambda t: ProfileSteps(t, start=0), ValueError, r"start=0"),
@@ -166,6 +171,67 @@ def test_a_dynamic_tables_checkpoint_into_a_static_table_changes_nothing(tmp_pat
         load_checkpoint(tmp_path / "c", target, target.optimizer)
     for v, b in zip(target.variables + target.optimizer.variables, before):
         np.testing.assert_array_equal(v.numpy(), b)
+
+
+def _saved(tmp_path, **kwargs):
+    """(a trained model, its checkpoint, its variables as they are)."""
+    model = _model(**kwargs)
+    model.fit(*_batches(1)[0], verbose=0)
+    path = save_checkpoint(tmp_path / "c", model, model.optimizer)
+    return model, path, [v.numpy().copy() for v in model.variables + model.optimizer.variables]
+
+
+def _unchanged(model, before):
+    for v, b in zip(model.variables + model.optimizer.variables, before):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
+def test_a_damaged_dense_file_changes_nothing(tmp_path):
+    model, path, before = _saved(tmp_path)
+    model.fit(*_batches(2)[1], verbose=0)
+    before = [v.numpy().copy() for v in model.variables + model.optimizer.variables]
+    with zipfile.ZipFile(path / "dense.npz") as archive:
+        last = archive.infolist()[-1]  # (its data ends where the central directory starts)
+        end = archive.start_dir
+    data = bytearray((path / "dense.npz").read_bytes())
+    data[end - 1] ^= 0xFF  # a flipped byte in the last array, read after the others
+    (path / "dense.npz").write_bytes(bytes(data))
+    assert last.file_size > 0
+    with pytest.raises(CheckpointMismatch, match=r"dense\.npz cannot be read"):
+        load_checkpoint(path, model, model.optimizer)
+    _unchanged(model, before)
+
+
+def test_a_checkpoint_of_another_table_name_changes_nothing(tmp_path):
+    _, path, _ = _saved(tmp_path)
+    inp = keras.Input([2], dtype="int64")
+    x = keras.layers.Flatten()(sok.DistributedEmbedding("sum", 64, 3, slot_num=2, max_nnz=1, name="users")(inp))
+    other = keras.Model(inp, keras.layers.Dense(1)(x))
+    other.compile(optimizer=sok.optimizers.Adam(0.05), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    other.fit(*_batches(1)[0], verbose=0)
+    before = [v.numpy().copy() for v in other.variables + other.optimizer.variables]
+    with pytest.raises(CheckpointMismatch, match=r"table 0 was saved as items.*this model's is users"):
+        load_checkpoint(path, other, other.optimizer)
+    _unchanged(other, before)
+
+
+def test_an_optimizer_not_built_is_refused_rather_than_skipped(tmp_path):
+    model, path, _ = _saved(tmp_path)
+    with pytest.raises(CheckpointMismatch, match=r"optimizer Adam is not built"):
+        load_checkpoint(path, model, sok.optimizers.Adam(0.05))
+
+
+def test_rows_to_save_are_checked_before_anything_is_written(tmp_path):
+    model, path, _ = _saved(tmp_path)
+    written = {f.name: f.read_bytes() for f in path.rglob("*") if f.is_file()}
+    table = sok.embedding.tables_of(model)[0]
+    for rows, pattern in [({"users": {"keys": np.arange(2), "vectors": np.zeros((2, 3))}}, r"rows names \['users'\]"),
+                          ({table.name: {"keys": np.arange(2), "vectors": np.zeros((2, 9))}},
+                           r"vectors has shape \(2, 9\), expected \(2, 3\)"),
+                          ({table.name: {"keys": np.array([1.5])}}, r"need vectors")]:
+        with pytest.raises(ValueError, match=pattern):
+            save_checkpoint(path, model, model.optimizer, overwrite=True, rows=rows)
+    assert {f.name: f.read_bytes() for f in path.rglob("*") if f.is_file()} == written
 
 
 def test_corrupt_export_description_names_the_file(tmp_path):
