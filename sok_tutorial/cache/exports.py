@@ -48,12 +48,13 @@ class CacheExports:
                 np.zeros(0, np.int64)
             rows, _ = self.ps.pull(table.name, keys)
             out[table.name] = (keys, rows[:, :table.dim].copy())
-            self._updated[table.name] = []
-        if path is not None:
+        if path is not None:  # (a delta that cannot be written keeps the changes for the next call)
             parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
                      for keys, vectors in out.values()]
             dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
             write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
+        for table in self.tables:
+            self._updated[table.name] = []
         self._mark += 1
         return out
 

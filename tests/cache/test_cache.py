@@ -530,6 +530,10 @@ def test_the_incremental_model_is_a_delta_that_brings_a_save_up_to_date(data, tm
     cache.get_incremental_model()  # what the first pass changed is in the save below
     saved = cache.save_params_to_files(tmp_path / "params")
     cache.fit([([files[1]], None)], **fit)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("")
+    with pytest.raises(FileExistsError):  # a delta that cannot be written loses no change
+        cache.get_incremental_model(path=tmp_path / "taken")
     cache.get_incremental_model(path=tmp_path / "delta")
     summary = apply_delta(saved, tmp_path / "delta")
     for table, arrays in zip(cache.tables, read_tables(saved)):
