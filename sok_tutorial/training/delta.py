@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels import checks
 from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.table import tables_of
@@ -125,6 +126,7 @@ def export_delta(model: Any, path: str | os.PathLike, since: Any, *, optimizer: 
     With `optimizer`, the changed rows' optimizer slots go too (``slot_<j>``), for a trainer that
     resumes from deltas; serving needs none.
     """
+    checks.flag("overwrite", overwrite)
     tables, starts = tables_of(model), _since(since, model)
     for table, start in zip(tables, starts):
         if not table.lifecycle.track_changes:
@@ -274,6 +276,16 @@ def _check_table(change: dict[str, np.ndarray], entry: dict[str, Any], base: Map
     for name, array in (("keys", keys), ("evicted", evicted)):
         if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
             raise bad(f"{name} is {array.dtype} of shape {array.shape}, expected a 1-d integer array")
+    if keys.dtype.kind != "i":  # (merged with the export's int64 keys, unsigned ones would become floats)
+        raise bad(f"keys are {keys.dtype}, expected signed integers (int64)")
+    for name, array in change.items():  # the export keeps its arrays' kinds: it must load as a checkpoint
+        if name != "evicted" and name in base and array.dtype.kind != base[name].dtype.kind:
+            raise bad(f"{name} is {array.dtype}, the export's {base[name].dtype}")
+    for name in ("marks", "counts"):
+        if name in change and len(change[name]) and (change[name].dtype.kind not in "iu" or change[name].min() < 0):
+            raise bad(f"{name} must be integers >= 0, got {change[name].dtype} from {change[name].min()}")
+    if "marks" in change and len(change["marks"]) and int(change["marks"].max()) > entry["mark"]:
+        raise bad(f"marks reach {int(change['marks'].max())}, past the delta's own mark {entry['mark']}")
     if len(np.unique(keys)) != len(keys):
         raise bad(f"{len(keys) - len(np.unique(keys))} key(s) appear twice")
     if vectors.shape != (len(keys), entry["dim"]) or not np.issubdtype(vectors.dtype, np.floating):

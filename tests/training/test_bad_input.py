@@ -71,6 +71,8 @@ CASES = [
      r"path=.*did not write"),
     ("save overwrite 'no'", lambda t: save_checkpoint(t / "c", _model(), overwrite="no"), ValueError,
      r"overwrite='no' is invalid: expected True or False"),
+    ("export_delta overwrite 'no'", lambda t: export_delta(_model(), t / "d", since=0, overwrite="no"), ValueError,
+     r"overwrite='no' is invalid"),
     ("load tables 'no'", lambda t: load_checkpoint(t, _model(), tables="no"), ValueError,
      r"tables='no' is invalid"),
     ("load missing manifest", lambda t: load_checkpoint(t, _model()), FileNotFoundError, r"manifest\.json missing"),

@@ -157,6 +157,9 @@ CORRUPT_TABLE = [  # (name, change to tables/0.npz, message)
                                                         a["vectors"])}, r"1 vector\(s\) hold NaN"),
     ("narrower vectors", lambda a: {**a, "vectors": a["vectors"][:, :3]}, r"expected floats of shape"),
     ("a short marks array", lambda a: {**a, "marks": a["marks"][:-1]}, r"marks has shape"),
+    ("unsigned keys", lambda a: {**a, "keys": a["keys"].astype(np.uint64)}, r"keys are uint64, expected signed"),
+    ("float marks", lambda a: {**a, "marks": a["marks"].astype(np.float64)}, r"marks is float64, the export's int64"),
+    ("marks past the delta's mark", lambda a: {**a, "marks": a["marks"] + 10**12}, r"past the delta's own mark"),
     ("no evicted array", lambda a: {k: v for k, v in a.items() if k != "evicted"}, r"no 'evicted' array"),
 ]
 
