@@ -69,6 +69,8 @@ def _keys(keys: Any) -> np.ndarray:
     keys = np.asarray(keys)
     if keys.dtype.kind not in "iu":
         raise TypeError(f"keys must be integers, got dtype {keys.dtype}")
+    if keys.dtype.kind == "u" and keys.size and keys.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"keys must fit in int64, got {keys.max()}")
     return keys.astype(np.int64, copy=False).reshape(-1)
 
 
@@ -230,6 +232,9 @@ class DiskPS(ParameterServer):
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"DiskPS path={str(self.path)!r} is a file; expected a directory for the store "
                                      "(new or one a DiskPS wrote)")
+        if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / "CURRENT").is_file():
+            raise FileExistsError(f"DiskPS path={str(self.path)!r} holds other files; expected a new directory or "
+                                  "one a DiskPS wrote (RocksDB's CURRENT is missing)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._options = Options(raw_mode=True)
         self._options.create_if_missing(True)

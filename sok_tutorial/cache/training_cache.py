@@ -140,6 +140,13 @@ class EmbeddingTrainingCache(CachePasses, CacheExports):
         self.slots = {table.name: [(v, int(np.prod(v.shape[1:]))) for v in table.optimizer_slots(self.optimizer)]
                       for table in self.tables}
         self.widths = {table.name: table.dim + sum(w for _, w in self.slots[table.name]) for table in self.tables}
+        clash = {name: (ps.widths[name], width) for name, width in self.widths.items()
+                 if ps.widths.get(name, width) != width}  # (all checked before any table is declared)
+        if clash:
+            raise ValueError("; ".join(f"table {name!r} holds rows of width {held}, not {width}"
+                                       for name, (held, width) in clash.items())
+                             + " (a model or optimizer with other slots than the one that wrote this parameter "
+                               "server?)")
         for name, width in self.widths.items():
             ps.ensure_table(name, width)
         self._index: KeyIndex | None = None  # the active pass's keys

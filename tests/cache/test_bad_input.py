@@ -95,3 +95,51 @@ def test_a_closed_disk_store_says_so(tmp_path):
             use()
     with DiskPS(tmp_path / "store") as again:  # the data outlived the closed handle
         np.testing.assert_array_equal(again.pull("t", [1, 2])[0], np.ones((2, 2)))
+
+
+def test_a_directory_of_other_files_is_not_made_a_store(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "important.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match=r"DiskPS path=.*mine.* holds other files"):
+        DiskPS(tmp_path / "mine")
+    assert sorted(os.listdir(tmp_path / "mine")) == ["important.txt"]
+    with DiskPS(tmp_path / "store") as ps:  # a store a DiskPS wrote opens again
+        ps.ensure_table("t", 2)
+    DiskPS(tmp_path / "store").close()
+
+
+@pytest.mark.parametrize("ps", ["host", "disk"])
+def test_unsigned_keys_past_int64_are_refused_not_wrapped(tmp_path, ps):
+    store = HostMemoryPS() if ps == "host" else DiskPS(tmp_path / "s")
+    store.ensure_table("t", 2)
+    with pytest.raises(ValueError, match=r"keys must fit in int64, got 9223372036854775809"):
+        store.push("t", np.array([2**63 + 1], np.uint64), np.ones((1, 2)))
+    assert store.keys("t").tolist() == []
+
+
+def test_a_cache_refused_for_one_tables_width_declares_none(tmp_path):
+    inp = keras.Input([2], dtype="int64")
+    tables = [sok.DistributedEmbedding("sum", 32, width, slot_num=1, max_nnz=1, use_hashtable=False, name=name)
+              for name, width in (("a", 4), ("b", 2))]
+    out = keras.layers.Dense(1)(keras.layers.Concatenate()([keras.layers.Flatten()(t(inp[:, i:i + 1]))
+                                                            for i, t in enumerate(tables)]))
+    model = keras.Model(inp, out)
+    model.compile(optimizer=sok.optimizers.SGD(0.1), loss="mse")
+    model(np.zeros((1, 2), np.int64))
+    ps = HostMemoryPS()
+    ps.ensure_table("b", 3)  # another model's table b
+    with pytest.raises(ValueError, match=r"table 'b' holds rows of width 3, not 2"):
+        EmbeddingTrainingCache(model, ps, 16)
+    assert ps.widths == {"b": 3}
+
+
+def test_a_save_loaded_into_a_closed_store_changes_no_weight(tmp_path):
+    cache = EmbeddingTrainingCache(_model(), DiskPS(tmp_path / "ps"), 16)
+    saved = cache.save_params_to_files(tmp_path / "params")
+    kernel = cache.model.layers[-1].kernel
+    kernel.assign(kernel.numpy() + 1)
+    before = kernel.numpy().copy()
+    cache.ps.close()
+    with pytest.raises(RuntimeError, match=r"is closed"):
+        cache.load_params_from_files(saved.parent)
+    np.testing.assert_array_equal(kernel.numpy(), before)
