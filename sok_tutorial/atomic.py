@@ -261,10 +261,10 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
     """Parse the JSON file at `path`; a missing or corrupt file is an error naming the path."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist") from None
     try:
-        return json.loads(text)
+        return json.loads(data.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{what} {str(path)!r} is not valid JSON ({exc}): a corrupt or partial file") from exc

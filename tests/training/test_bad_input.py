@@ -156,9 +156,10 @@ def test_corrupt_manifest_names_the_file(tmp_path):
     model = _model()
     model(_batches(1)[0][0])
     save_checkpoint(tmp_path / "c", model)
-    (tmp_path / "c" / "manifest.json").write_text("{")
-    with pytest.raises(ValueError, match=r"manifest\.json.* not valid JSON"):
-        load_checkpoint(tmp_path / "c", model)
+    for damaged in (b"{", b'{"model": "\xff"}'):  # cut short; bytes that are not UTF-8
+        (tmp_path / "c" / "manifest.json").write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"manifest\.json.* not valid JSON"):
+            load_checkpoint(tmp_path / "c", model)
 
 
 def test_a_dynamic_tables_checkpoint_into_a_static_table_changes_nothing(tmp_path):
