@@ -201,8 +201,8 @@ def load_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
 
     Everything is read whole and checked first (the model's class, dense variables by name and
     shape, each table's name, width, keys and optimizer slots, the optimizer's other variables,
-    every file's contents); only then is
-    anything assigned, so a checkpoint that does not fit leaves the model as it was. With
+    every file's contents); only then is anything assigned, so a checkpoint that does not fit, or
+    a damaged one, leaves the model as it was. With
     ``tables=False`` the tables' rows are checked for shape but left alone (`read_tables` gives
     them): how the training cache loads a save into its parameter server.
     """
