@@ -95,6 +95,12 @@ def save_checkpoint(path: str | os.PathLike, model: Any, optimizer: Any = None, 
     the checkpoint together and renames it into place once all have written.
     """
     checks.flag("overwrite", overwrite)
+    if not isinstance(path, (str, os.PathLike)) or not Path(path).name:
+        raise ValueError(f"path={path!r} is invalid: expected the path of a directory to write")
+    try:
+        json.dumps(state or {})
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"state is invalid: expected JSON values (int, float, str, lists, dicts), got {exc}") from None
     tables = tables_of(model)
     _check_rows(tables, optimizer, rows)
     partial = [table for table in tables if held_in_part(table)]
@@ -303,7 +309,14 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 def _manifest(path: Path) -> dict[str, Any]:
     if not (path / MANIFEST).is_file():
         raise FileNotFoundError(f"path={str(path)!r} is not a checkpoint ({MANIFEST} missing: incomplete or not one)")
-    return read_json(path / MANIFEST, "checkpoint manifest")
+    manifest = read_json(path / MANIFEST, "checkpoint manifest")
+    fields = {"model": str, "state": dict, "tables": list, "dense": list, "optimizer": dict}
+    wrong = [name for name, kind in fields.items() if not isinstance(manifest.get(name), kind)] \
+        if isinstance(manifest, dict) else list(fields)
+    if wrong:
+        raise ValueError(f"checkpoint manifest {str(path / MANIFEST)!r} lacks or mangles {wrong}: a damaged or foreign "
+                         "file")
+    return manifest
 
 
 def read_tables(path: str | os.PathLike) -> list[dict[str, np.ndarray]]:

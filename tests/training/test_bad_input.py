@@ -73,6 +73,10 @@ CASES = [
      r"overwrite='no' is invalid: expected True or False"),
     ("export_delta overwrite 'no'", lambda t: export_delta(_model(), t / "d", since=0, overwrite="no"), ValueError,
      r"overwrite='no' is invalid"),
+    ("save empty path", lambda t: save_checkpoint("", _model()), ValueError, r"path='' is invalid"),
+    ("save path None", lambda t: save_checkpoint(None, _model()), ValueError, r"path=None is invalid"),
+    ("save state not JSON", lambda t: save_checkpoint(t / "c", _model(), state={"step": np.int64(3)}), ValueError,
+     r"state is invalid: expected JSON values"),
     ("load tables 'no'", lambda t: load_checkpoint(t, _model(), tables="no"), ValueError,
      r"tables='no' is invalid"),
     ("load missing manifest", lambda t: load_checkpoint(t, _model()), FileNotFoundError, r"manifest\.json missing"),
@@ -156,9 +160,11 @@ def test_corrupt_manifest_names_the_file(tmp_path):
     model = _model()
     model(_batches(1)[0][0])
     save_checkpoint(tmp_path / "c", model)
-    for damaged in (b"{", b'{"model": "\xff"}'):  # cut short; bytes that are not UTF-8
+    for damaged, message in ((b"{", r"not valid JSON"), (b'{"model": "\xff"}', r"not valid JSON"),
+                             (b'{"tables": []}', r"lacks or mangles \['model', 'state', 'dense', 'optimizer'\]"),
+                             (b"[]", r"lacks or mangles")):  # cut short, not UTF-8, fields missing, not a mapping
         (tmp_path / "c" / "manifest.json").write_bytes(damaged)
-        with pytest.raises(ValueError, match=r"manifest\.json.* not valid JSON"):
+        with pytest.raises(ValueError, match=rf"manifest\.json.* {message}"):
             load_checkpoint(tmp_path / "c", model)
 
 
