@@ -18,6 +18,13 @@ def positive_int(name: str, value: Any, *, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def int64_range(name: str, values: np.ndarray) -> None:
+    """ValueError if integer `values` of an unsigned dtype hold one past int64's range (a key that
+    would wrap to a negative one as int64)."""
+    if values.dtype.kind == "u" and values.size and values.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must fit in int64, got {values.max()}")
+
+
 def flag(name: str, value: Any) -> bool:
     """`value` as a bool if it is one (Python's or NumPy's), else ValueError: a string such as
     ``"False"`` would otherwise read as True."""

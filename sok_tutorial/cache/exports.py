@@ -92,8 +92,7 @@ class CacheExports:
         if path is None:
             raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
                                     "manifest.json, as save_params_to_files writes)")
-        for table in self.tables:  # (the server takes the rows: open, with their tables, before anything is assigned)
-            self.ps._width(table.name)
+        self.ps.ensure_tables(self.widths)  # (the server takes the rows: open, before anything is assigned)
         load_checkpoint(path, self.model, self.optimizer, tables=False)  # checks everything, then assigns
         saved = read_tables(path)
         self._cancel_prefetch()

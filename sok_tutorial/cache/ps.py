@@ -69,8 +69,7 @@ def _keys(keys: Any) -> np.ndarray:
     keys = np.asarray(keys)
     if keys.dtype.kind not in "iu":
         raise TypeError(f"keys must be integers, got dtype {keys.dtype}")
-    if keys.dtype.kind == "u" and keys.size and keys.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"keys must fit in int64, got {keys.max()}")
+    checks.int64_range("keys", keys)
     return keys.astype(np.int64, copy=False).reshape(-1)
 
 
@@ -83,17 +82,26 @@ class ParameterServer:
 
     def ensure_table(self, name: str, width: int) -> None:
         """Declare table `name` with rows `width` floats wide (again: the width must match)."""
+        self.ensure_tables({name: width})
+
+    def ensure_tables(self, widths: dict[str, int]) -> None:
+        """Declare each table of `widths` (``{name: row width}``), all or none: every name and width
+        is checked against the store before the first new table is created."""
         self._check_open()
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"table name={name!r} is invalid: expected a non-empty str (a store gives its tables back "
-                             "by name, as str)")
-        width = checks.positive_int("width", width)
-        if name in self.widths and self.widths[name] != width:
-            raise ValueError(f"table {name!r} holds rows of width {self.widths[name]}, not {width} (a model or "
-                             "optimizer with other slots than the one that wrote this parameter server?)")
-        if name not in self.widths:
-            self._create(name, width)  # first: a store that cannot record the table does not list it
-            self.widths[name] = width
+        for name, width in widths.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"table name={name!r} is invalid: expected a non-empty str (a store gives its tables "
+                                 "back by name, as str)")
+            checks.positive_int("width", width)
+        clash = [f"table {name!r} holds rows of width {self.widths[name]}, not {width}"
+                 for name, width in widths.items() if self.widths.get(name, width) != width]
+        if clash:
+            raise ValueError("; ".join(clash) + " (a model or optimizer with other slots than the one that wrote this "
+                             "parameter server?)")
+        for name, width in widths.items():
+            if name not in self.widths:
+                self._create(name, int(width))  # first: a store that cannot record the table does not list it
+                self.widths[name] = int(width)
 
     def _check_open(self) -> None:
         """Raise if the store was closed (subclasses that hold a resource say so)."""

@@ -140,15 +140,7 @@ class EmbeddingTrainingCache(CachePasses, CacheExports):
         self.slots = {table.name: [(v, int(np.prod(v.shape[1:]))) for v in table.optimizer_slots(self.optimizer)]
                       for table in self.tables}
         self.widths = {table.name: table.dim + sum(w for _, w in self.slots[table.name]) for table in self.tables}
-        clash = {name: (ps.widths[name], width) for name, width in self.widths.items()
-                 if ps.widths.get(name, width) != width}  # (all checked before any table is declared)
-        if clash:
-            raise ValueError("; ".join(f"table {name!r} holds rows of width {held}, not {width}"
-                                       for name, (held, width) in clash.items())
-                             + " (a model or optimizer with other slots than the one that wrote this parameter "
-                               "server?)")
-        for name, width in self.widths.items():
-            ps.ensure_table(name, width)
+        ps.ensure_tables(self.widths)
         self._index: KeyIndex | None = None  # the active pass's keys
         self._before: dict[str, np.ndarray] = {}  # the server's rows of the active pass, to find changes
         self._known: tuple[KeyIndex, dict[str, np.ndarray]] | None = None  # the server's rows of the last pass

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from kernels import checks
 from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.ops import local_components
 from sok_tutorial.embedding.precision import compute_dtype, widen
@@ -92,8 +93,7 @@ class RowsByKey:
         keys = np.asarray(arrays["keys"])
         if keys.dtype.kind not in "iu" or keys.ndim != 1:
             raise ValueError(f"{self.name}: keys must be a 1-D integer array, got {keys.dtype} {keys.shape}")
-        if keys.dtype.kind == "u" and len(keys) and keys.max() > np.iinfo(np.int64).max:
-            raise ValueError(f"{self.name}: keys must fit in int64, got {keys.max()}")
+        checks.int64_range(f"{self.name}: keys", keys)
         keys = keys.astype(np.int64)
         variables = [self.variable, *self.optimizer_slots(optimizer)]
         names = ["vectors"] + [f"slot_{j}" for j in range(len(variables) - 1)]
