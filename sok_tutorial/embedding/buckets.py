@@ -304,24 +304,28 @@ class BucketedIndex:
         lowest-scored row, by the marks (read after this step's touches)."""
         width = self.width
         values = read_spans(self.marks, tf.cast(bucket, tf.int32) * width, width)  # (s, W): each bucket's rows
+        # each row's priority, the higher taken first, and `floor`, that of the rows this step's keys
+        # hold (never taken); the lowest score goes first, the first of equals on a tie
         if self.packed:
             marks = self._marks_of(values)
-            score = tf.where(marks >= 0, self._decayed(values, marks, now) * (1 << 32) + marks, _EMPTY)
-            top, stamp = _INT64_MAX, now
-        else:
-            marks = score = values
-            top, stamp = self.mark_dtype.max, tf.cast(now, self.mark_dtype)
-        score = tf.where(tf.not_equal(marks, stamp), score, top)  # rows this step's keys hold: never taken
-        # the first new key of a bucket: its lowest (a top_k of one of the negated scores: the first of
-        # equals, as tf.argmin has it, at about two thirds of tf.argmin's cost on a CPU)
-        position = tf.math.top_k(-score, 1)[1][:, 0]
-        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest (few)
-        position = updated(position, later, nth_lowest(tf.gather(score, later), tf.gather(position, later),
+            # (an empty row's word is 0: count 0 and mark -1, so its score is -1, below any row's)
+            score = self._decayed(values, marks, now) * (1 << 32) + marks
+            floor = -_INT64_MAX
+            priority = tf.where(tf.not_equal(marks, now), -score, floor)
+        else:  # "lru" and "ttl": the age, now less the mark (no mark is later than now): 0 for a row
+            # this step's keys hold, the most for an empty row (mark -1), in one subtraction
+            marks, floor = values, 0
+            priority = tf.cast(now, self.mark_dtype) - values
+        # the first new key of a bucket: its highest (a top_k of one: the first of equals, as
+        # tf.argmax has it, at about two thirds of tf.argmax's cost on a CPU)
+        position = tf.math.top_k(priority, 1)[1][:, 0]
+        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest score (few)
+        position = updated(position, later, nth_lowest(-tf.gather(priority, later), tf.gather(position, later),
                                                        tf.minimum(tf.gather(rank, later), width - 1)))
-        # the slot each key would take, flat in its [W] row; it may if that row's score is below `top`
-        # (the rank-th lowest is then free: the free rows sort first) and its rank is below W
+        # the slot each key would take, flat in its [W] row; it may if that row's priority is above
+        # `floor` (the rank-th highest is then free: the free rows sort first) and its rank is below W
         slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position
-        ok = tf.where((tf.gather(tf.reshape(score, [-1]), slot) < top) & (rank < width))[:, 0]
+        ok = tf.where((tf.gather(tf.reshape(priority, [-1]), slot) > floor) & (rank < width))[:, 0]
         previous = tf.cast(tf.gather(tf.reshape(marks, [-1]), tf.gather(slot, ok)), tf.int64)
         return ok, tf.gather(position, ok), previous
 
