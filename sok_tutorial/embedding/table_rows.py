@@ -21,10 +21,15 @@ from sok_tutorial.embedding.precision import compute_dtype, widen
 
 
 def checked_mark(since: Any) -> int | None:
-    """`since` of an export: None (every row) or a mark, an int; else TypeError."""
-    if since is None or (isinstance(since, (int, np.integer)) and not isinstance(since, (bool, np.bool_))):
-        return None if since is None else int(since)
-    raise TypeError(f"since={since!r} is invalid: expected None (every row) or a mark (int)")
+    """`since` of an export: None (every row) or a mark, an int >= 0 (a clock reading); else
+    TypeError or ValueError."""
+    if since is None:
+        return None
+    if not isinstance(since, (int, np.integer)) or isinstance(since, (bool, np.bool_)):
+        raise TypeError(f"since={since!r} is invalid: expected None (every row) or a mark (int)")
+    if since < 0:
+        raise ValueError(f"since={since!r} is invalid: expected a mark >= 0 (a reading of the table's clock)")
+    return int(since)
 
 
 class RowsByKey:

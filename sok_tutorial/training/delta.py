@@ -60,6 +60,7 @@ from kernels import checks
 from sok_tutorial.atomic import atomic_directory, read_json
 from sok_tutorial.embedding import lifecycle
 from sok_tutorial.embedding.table import tables_of
+from sok_tutorial.embedding.table_rows import checked_mark
 from sok_tutorial.training.checkpoint import (
     FORMAT,
     MANIFEST,
@@ -91,8 +92,8 @@ def export_model_tables(model: Any, path: str | os.PathLike, *, overwrite: bool 
 def _since(since: Any, model: Any) -> list[int]:
     """Each table's mark to start from: an export's or delta's marks, or one int for all."""
     n = len(tables_of(model))
-    if isinstance(since, (int, np.integer)) and not isinstance(since, bool):
-        return [int(since)] * n
+    if isinstance(since, (int, np.integer)) and not isinstance(since, (bool, np.bool_)):
+        return [checked_mark(since)] * n
     if not isinstance(since, (str, os.PathLike)):
         raise TypeError(f"since={since!r} is invalid: expected an export or delta directory, or a mark (int)")
     marks = _read_base(Path(since), "since")[0]

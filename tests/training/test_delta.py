@@ -115,6 +115,12 @@ def test_a_delta_from_a_mark_the_tables_have_not_reached_is_refused(tmp_path):
     with pytest.raises(ValueError, match=rf"since={reached + 1} is invalid: table .* has reached mark {reached}"):
         export_delta(model, tmp_path / "d", since=reached + 1)
     assert not (tmp_path / "d").exists()
+    for bad in (-1, np.int64(-5)):  # not a clock reading: named as such, not as a gap in the eviction log
+        with pytest.raises(ValueError, match=r"since=.*-[15].* is invalid: expected a mark >= 0"):
+            export_delta(model, tmp_path / "d", since=bad)
+        with pytest.raises(ValueError, match=r"since=.*-[15].* is invalid: expected a mark >= 0"):
+            tables_of(model)[0].export(since=bad)
+    assert not (tmp_path / "d").exists()
     export_delta(model, tmp_path / "d", since=reached)  # nothing changed since: an empty delta
     assert (tmp_path / "d").exists()
 
