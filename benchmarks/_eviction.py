@@ -110,23 +110,26 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
     table = embedding.table
     counters: list[tuple[int, int]] = []
 
-    def count() -> None:  # (rows evicted so far, rows in use, keys left without a row so far)
-        counters.append((table.evictions, table.size, table.unplaced))
+    def count() -> None:  # (rows evicted so far, keys left without a row so far): two scalars
+        counters.append((table.evictions, table.unplaced))
 
+    # The rows in use are counted before and after the timed steps only: counting them means reading
+    # every row's mark (and key), tens of MiB that would push the next step's rows out of the caches.
     _tables.timed(step, data[:fill])
     count()
+    size_before = table.size
     times = _tables.timed(step, data[fill:fill + steps], after=count)
     evicted = [b[0] - a[0] for a, b in zip(counters, counters[1:])]
-    placed = [b[1] - a[1] + e for a, b, e in zip(counters, counters[1:], evicted)]
+    placed = (table.size - size_before + sum(evicted)) / steps  # rows given to new keys, a step
     evicting = [t for t, e in zip(times, evicted) if e]
     other = [t for t, e in zip(times, evicted) if not e]
     result = {"samples_per_s": statistics.median(_tables.BATCH / t for t in times),
               "samples_per_s_amortized": _tables.BATCH * len(times) / sum(times), "capacity": capacity,
               "rows_in_use": table.size, "evicted_per_step": statistics.mean(evicted),
-              "evicting_steps": len(evicting), "new_rows_per_step": statistics.mean(placed),
+              "evicting_steps": len(evicting), "new_rows_per_step": placed,
               "ms_evicting_step": statistics.median(evicting) * 1e3 if evicting else None,
               "ms_other_step": statistics.median(other) * 1e3 if other else None,
-              "unplaced_per_step": (counters[-1][2] - counters[0][2]) / steps,
+              "unplaced_per_step": (counters[-1][1] - counters[0][1]) / steps,
               "index_bytes_per_row": table.index_bytes_per_row}
     if profile:
         ops = _tables.profile_ops(step, data[fill + steps:], top=40)
