@@ -87,7 +87,8 @@ class CacheExports:
         return path
 
     def load_params_from_files(self, directory: str | Path) -> Path:
-        """Load the newest save under `directory`: dense weights into the model, rows into the server."""
+        """Load the newest save under `directory`: dense weights into the model, rows into the server,
+        which then holds the saved rows only (keys first pushed after the save are deleted)."""
         path = latest_checkpoint(directory)
         if path is None:
             raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
@@ -97,6 +98,6 @@ class CacheExports:
         saved = read_tables(path)
         self._cancel_prefetch()
         self._known = None  # the server's rows change under the cache
-        self.ps.push_tables({table.name: (arrays["keys"], self._pack(table, arrays))
-                             for table, arrays in zip(self.tables, saved)})
+        self.ps.replace_tables({table.name: (arrays["keys"], self._pack(table, arrays))
+                                for table, arrays in zip(self.tables, saved)})
         return path

@@ -138,6 +138,24 @@ class ParameterServer:
         with self._lock:
             self._push_all(checked)
 
+    def replace_tables(self, updates: dict[str, tuple[Any, Any]]) -> None:
+        """Make each table of `updates` (``{name: (keys, rows)}``) hold exactly these rows: its
+        other keys are deleted. All or nothing across tables, as `push_tables` (a rollback to a
+        save: keys first pushed after it do not stay behind with their newer rows).
+
+        Example:
+            >>> ps = HostMemoryPS()
+            >>> ps.ensure_table("t", 1)
+            >>> ps.push("t", [1, 2], [[1.0], [2.0]])
+            >>> ps.replace_tables({"t": ([2, 3], [[20.0], [30.0]])})
+            >>> ps.keys("t").tolist(), ps.pull("t", [1, 2])[0].ravel().tolist()
+            ([2, 3], [0.0, 20.0])
+        """
+        checked = {name: self._checked(name, keys, rows) for name, (keys, rows) in updates.items()}
+        with self._lock:
+            self._check_open()
+            self._replace_all(checked)
+
     def keys(self, name: str) -> np.ndarray:
         """Every key of table `name`, sorted."""
         self._width(name)
@@ -164,6 +182,9 @@ class ParameterServer:
         raise NotImplementedError
 
     def _push_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        raise NotImplementedError
+
+    def _replace_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         raise NotImplementedError
 
     def _all_keys(self, name: str) -> np.ndarray:
@@ -208,6 +229,16 @@ class HostMemoryPS(ParameterServer):
             staged[name] = (store, slots, rows, index.insert(keys[new], slots[new]))
         for name, (store, slots, rows, index) in staged.items():
             scatter_rows(store, slots, rows)
+            self._rows[name], self._index[name] = store, index
+
+    def _replace_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """New stores and indexes for every table first, then swapped in: all or nothing."""
+        staged = {}
+        for name, (keys, rows) in updates.items():
+            store = np.zeros((max(len(keys), self.initial_rows), rows.shape[1]), np.float32)
+            store[:len(keys)] = rows
+            staged[name] = (store, KeyIndex(keys))  # key i: row i
+        for name, (store, index) in staged.items():
             self._rows[name], self._index[name] = store, index
 
     def _all_keys(self, name: str) -> np.ndarray:
@@ -352,6 +383,18 @@ class DiskPS(ParameterServer):
             held = self._present.pop(name)  # rebuilt by a scan should the merge fail
             new = keys[~held.contains(keys)]
             self._present[name] = held.insert(new, np.arange(len(held), len(held) + len(new)))
+
+    def _replace_all(self, updates: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        """One atomic ``WriteBatch``: the deletes of every table's keys not in its update, then its rows."""
+        from rocksdict import WriteBatch
+
+        batch, kept = WriteBatch(raw_mode=True), {}
+        for name, (keys, rows) in updates.items():
+            held, kept[name] = self._keys_held(name).keys, KeyIndex(keys)
+            collections.deque(map(batch.delete, self._record_keys(name, held[~kept[name].contains(held)])), maxlen=0)
+            self._batch(name, keys, rows, batch)
+        self._write(batch)
+        self._present.update(kept)
 
     def _write(self, batch: Any) -> None:  # (under self._lock)
         self._check_open()

@@ -165,6 +165,46 @@ def test_update_loads_the_server_rows_whatever_was_prefetched(tmp_path, store):
 
 
 @pytest.mark.parametrize("store", ["host", "disk"])
+def test_a_load_leaves_the_server_with_the_saved_rows_only(tmp_path, store):
+    """Keys first trained after the save are deleted by the load, the others get their saved rows
+    back; a store reopened afterwards holds the same."""
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
+    cache = EmbeddingTrainingCache(model, ps, device_capacity_rows=CAPACITY)
+    rng = np.random.default_rng(3)
+    before, after = np.arange(0, 600), np.arange(400, 1000)  # overlapping keysets
+    for keys in (before, after):
+        cache.update(keys)
+        model.train_on_batch({"categorical": tf.constant(cache.remap(rng.choice(keys, (8, 26))))}, tf.ones([8, 1]))
+        cache.write_back()
+        if keys is before:
+            cache.save_params_to_files(tmp_path / "params")
+            saved = {name: (ps.keys(name), ps.pull(name, ps.keys(name))[0]) for name in ps.widths}
+    assert all(len(ps.keys(name)) > len(saved[name][0]) for name in ps.widths)  # the later keys are there
+    cache.load_params_from_files(tmp_path / "params")
+    for name, (keys, rows) in saved.items():
+        np.testing.assert_array_equal(ps.keys(name), keys)
+        np.testing.assert_array_equal(ps.pull(name, keys)[0], rows)
+        assert not ps.pull(name, np.arange(600, 1000))[1].any()
+    if store == "disk":
+        ps.close()
+        reopened = DiskPS(tmp_path / "ps")
+        for name, (keys, rows) in saved.items():
+            np.testing.assert_array_equal(reopened.keys(name), keys)
+            np.testing.assert_array_equal(reopened.pull(name, keys)[0], rows)
+        reopened.close()
+
+
+def test_a_replace_is_all_or_nothing_across_tables():
+    ps = HostMemoryPS()
+    ps.ensure_tables({"a": 1, "b": 2})
+    ps.push_tables({"a": ([1, 2], [[1.0], [2.0]]), "b": ([5], [[5.0, 5.0]])})
+    with pytest.raises(ValueError, match="rows have shape"):
+        ps.replace_tables({"a": ([3], [[3.0]]), "b": ([6], [[6.0]])})  # b's rows are too narrow
+    assert ps.keys("a").tolist() == [1, 2] and ps.keys("b").tolist() == [5]
+
+
+@pytest.mark.parametrize("store", ["host", "disk"])
 def test_servers_keep_their_keys_in_step(tmp_path, store):
     """Unsorted and negative keys, pushed over each other; DiskPS reopens with its keys."""
     rng = np.random.default_rng(2)
