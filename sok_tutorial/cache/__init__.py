@@ -7,8 +7,8 @@ _NAMES = {
     "KeysetRemap": "sok_tutorial.cache.training_cache",
     "ParameterServer": "sok_tutorial.cache.ps",
     "HostMemoryPS": "sok_tutorial.cache.ps",
-    "DiskPS": "sok_tutorial.cache.ps",
-    "PSLocked": "sok_tutorial.cache.ps",
+    "DiskPS": "sok_tutorial.cache.disk_ps",
+    "PSLocked": "sok_tutorial.cache.disk_ps",
 }
 __all__ = sorted(_NAMES)
 __getattr__ = lazy_getattr(__name__, _NAMES)
