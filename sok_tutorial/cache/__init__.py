@@ -5,6 +5,7 @@ from sok_tutorial._lazy import lazy_getattr
 _NAMES = {
     "EmbeddingTrainingCache": "sok_tutorial.cache.training_cache",
     "KeysetRemap": "sok_tutorial.cache.training_cache",
+    "IncrementalModel": "sok_tutorial.cache.exports",
     "ParameterServer": "sok_tutorial.cache.ps",
     "HostMemoryPS": "sok_tutorial.cache.ps",
     "DiskPS": "sok_tutorial.cache.disk_ps",

@@ -9,6 +9,7 @@ row packing it reads.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,31 +31,45 @@ from sok_tutorial.training.delta import write_delta
 KEEP = 2  # saves kept by save_params_to_files
 
 
+class IncrementalModel(dict):
+    """What `CacheExports.get_incremental_model` returns: ``{table: (keys, vectors)}`` of the keys
+    whose vectors changed, and `deleted`, ``{table: keys}`` of the keys the server no longer holds
+    (those a `load_params_from_files` took back), which a server of the model drops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: dict[str, np.ndarray] = {}
+
+
 class CacheExports:
     """Incremental exports and saves of the cache's server (module docstring)."""
 
-    def get_incremental_model(self, path: str | Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call.
+    def get_incremental_model(self, path: str | Path | None = None) -> IncrementalModel:
+        """``{table: (keys, vectors)}`` of exactly the keys whose vectors changed since the last call,
+        by training or by a `load_params_from_files`; the keys a load deleted are in the result's
+        ``deleted`` (`IncrementalModel`).
 
         With `path`, also write them as a delta directory (`sok_tutorial.training.delta`, with the
-        dense variables) that `apply_delta` applies to a `save_params_to_files` save or to the
-        previous delta's result: the cache's marks count its incremental exports.
+        dense variables, the deleted keys as its evicted ones) that `apply_delta` applies to a
+        `save_params_to_files` save or to the previous delta's result: the cache's marks count its
+        incremental exports.
         """
         if self.active:
             self._sync()
-        out = {}
+        out = IncrementalModel()
         for table in self.tables:
-            keys = unique(np.concatenate(self._updated[table.name]))[0] if self._updated[table.name] else \
-                np.zeros(0, np.int64)
-            rows, _ = self.ps.pull(table.name, keys)
-            out[table.name] = (keys, rows[:, :table.dim].copy())
+            listed = self._updated[table.name] + self._deleted[table.name]
+            keys = unique(np.concatenate(listed))[0] if listed else np.zeros(0, np.int64)
+            rows, found = self.ps.pull(table.name, keys)
+            out[table.name] = (keys[found], rows[found, :table.dim])
+            out.deleted[table.name] = keys[~found]
         if path is not None:  # (a delta that cannot be written keeps the changes for the next call)
-            parts = [{"keys": keys, "vectors": vectors, "evicted": np.zeros(0, np.int64)}
-                     for keys, vectors in out.values()]
+            parts = [{"keys": keys, "vectors": vectors, "evicted": out.deleted[name]}
+                     for name, (keys, vectors) in out.items()]
             dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
             write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
         for table in self.tables:
-            self._updated[table.name] = []
+            self._updated[table.name], self._deleted[table.name] = [], []
         self._mark += 1
         return out
 
@@ -88,16 +103,35 @@ class CacheExports:
 
     def load_params_from_files(self, directory: str | Path) -> Path:
         """Load the newest save under `directory`: dense weights into the model, rows into the server,
-        which then holds the saved rows only (keys first pushed after the save are deleted)."""
+        which then holds the saved rows only (keys first pushed after the save are deleted). The
+        next `get_incremental_model` lists the keys whose vectors the load changed and those it
+        deleted, so that a server of the model follows the rollback.
+
+        Not during a pass: its `write_back` would push the rows it trained over the loaded ones."""
         path = latest_checkpoint(directory)
         if path is None:
             raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
                                     "manifest.json, as save_params_to_files writes)")
+        if self.active:
+            raise RuntimeError("load_params_from_files during a pass: call write_back() or discard() first (the "
+                               "pass's write-back would push its rows over the loaded ones)")
         self.ps.ensure_tables(self.widths)  # (the server takes the rows: open, before anything is assigned)
         load_checkpoint(path, self.model, self.optimizer, tables=False)  # checks everything, then assigns
         saved = read_tables(path)
         self._cancel_prefetch()
         self._known = None  # the server's rows change under the cache
+        changes = [self._load_changes(table, arrays) for table, arrays in zip(self.tables, saved)]
         self.ps.replace_tables({table.name: (arrays["keys"], self._pack(table, arrays))
                                 for table, arrays in zip(self.tables, saved)})
+        for table, (changed, deleted) in zip(self.tables, changes):
+            self._updated[table.name].append(changed)
+            self._deleted[table.name].append(deleted)
         return path
+
+    def _load_changes(self, table: Any, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(saved keys whose vectors differ from the server's or that it lacks, the server's keys the
+        save lacks): what loading `arrays` into table changes, for the incremental model."""
+        keys = np.asarray(arrays["keys"], np.int64)
+        rows, found = self.ps.pull(table.name, keys)
+        differs = ~found | np.any(rows[:, :table.dim] != np.asarray(arrays["vectors"], np.float32), axis=1)
+        return keys[differs], np.setdiff1d(self.ps.keys(table.name), keys)

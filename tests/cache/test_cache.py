@@ -195,6 +195,69 @@ def test_a_load_leaves_the_server_with_the_saved_rows_only(tmp_path, store):
         reopened.close()
 
 
+@pytest.mark.parametrize("store", ["host", "disk"])
+def test_the_incremental_model_follows_a_load(tmp_path, store):
+    """After a load, the incremental model holds the keys the load gave other vectors and, as
+    deleted, those it took away: a server of the model that applied every increment (as a delta
+    to a copy of the save) then holds exactly the cache's server's vectors."""
+    from sok_tutorial.training.checkpoint import read_tables
+    from sok_tutorial.training.delta import apply_delta
+
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
+    cache = EmbeddingTrainingCache(model, ps, device_capacity_rows=CAPACITY)
+    rng = np.random.default_rng(5)
+
+    def train(keys):
+        cache.update(keys)
+        model.train_on_batch({"categorical": tf.constant(cache.remap(rng.choice(keys, (16, 26))))}, tf.ones([16, 1]))
+        cache.write_back()
+
+    train(np.arange(0, 600))
+    cache.get_incremental_model()
+    served = shutil.copytree(cache.save_params_to_files(tmp_path / "params"), tmp_path / "served")
+    train(np.arange(400, 1000))
+    first = cache.get_incremental_model(path=tmp_path / "d1")
+    assert all(len(first.deleted[name]) == 0 for name in first)
+    apply_delta(served, tmp_path / "d1")
+    cache.load_params_from_files(tmp_path / "params")
+    second = cache.get_incremental_model(path=tmp_path / "d2")
+    for table in cache.tables:
+        keys, vectors = second[table.name]
+        np.testing.assert_array_equal(np.sort(second.deleted[table.name]), np.arange(600, 1000))
+        assert 0 < len(keys) and set(keys.tolist()) <= set(range(400, 600))  # rolled back
+        np.testing.assert_array_equal(vectors, ps.pull(table.name, keys)[0][:, :table.dim])
+    apply_delta(served, tmp_path / "d2")
+    for table, arrays in zip(cache.tables, read_tables(served)):
+        order, held = np.argsort(arrays["keys"]), ps.keys(table.name)
+        np.testing.assert_array_equal(arrays["keys"][order], held)
+        np.testing.assert_array_equal(arrays["vectors"][order], ps.pull(table.name, held)[0][:, :table.dim])
+    again = cache.get_incremental_model()  # nothing changed since
+    assert all(len(keys) == 0 and len(again.deleted[name]) == 0 for name, (keys, _) in again.items())
+    ps.close()
+
+
+def test_a_load_during_a_pass_is_refused_and_changes_nothing(tmp_path):
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    ps = HostMemoryPS()
+    cache = EmbeddingTrainingCache(model, ps, device_capacity_rows=CAPACITY)
+    cache.update(np.arange(0, 300))
+    cache.write_back()
+    cache.save_params_to_files(tmp_path / "params")
+    cache.update(np.arange(200, 500))
+    model.train_on_batch({"categorical": tf.constant(cache.remap(np.full((4, 26), 250)))}, tf.ones([4, 1]))
+    cache.write_back()
+    cache.update(np.arange(100, 400))
+    before = {name: ps.pull(name, ps.keys(name))[0] for name in ps.widths}
+    with pytest.raises(RuntimeError, match="write_back"):
+        cache.load_params_from_files(tmp_path / "params")
+    for name, rows in before.items():
+        np.testing.assert_array_equal(ps.pull(name, ps.keys(name))[0], rows)
+    cache.discard()
+    cache.load_params_from_files(tmp_path / "params")  # once the pass ended
+    assert all(len(ps.keys(name)) == 300 for name in ps.widths)
+
+
 def test_a_replace_is_all_or_nothing_across_tables():
     ps = HostMemoryPS()
     ps.ensure_tables({"a": 1, "b": 2})
