@@ -97,6 +97,11 @@ class ParameterServer:
             raise ValueError(f"push to {name!r}: rows have shape {rows.shape}, expected ({len(keys)}, {width})")
         if not bool(np.all(keys[1:] > keys[:-1])) and len(np.unique(keys)) != len(keys):  # sorted: unique
             raise ValueError(f"push to {name!r}: keys must be unique")
+        bad = ~np.isfinite(rows).all(axis=1)
+        if bad.any():  # (a NaN stored would be served, and trained on, from then on)
+            raise ValueError(f"push to {name!r}: the rows of {int(bad.sum())} keys hold NaN or inf (keys "
+                             f"{keys[bad][:5].tolist()}{' ...' if bad.sum() > 5 else ''}): expected finite values (did "
+                             "training diverge?); nothing was written")
         return keys, rows
 
     def push(self, name: str, keys: Any, rows: Any) -> None:

@@ -282,13 +282,14 @@ class EmbeddingTrainingCache(CachePasses, CacheExports):
 
     def _sync(self) -> None:
         start, keys = time.perf_counter(), self._index.keys
-        updates = {}
+        updates, changed = {}, {}
         for table in self.tables:
             rows = self._read(table, len(keys))
-            changed = (rows[:, :table.dim] != self._before[table.name][:, :table.dim])
-            self._updated[table.name].append(keys[changed.any(axis=1)])
+            changed[table.name] = keys[(rows[:, :table.dim] != self._before[table.name][:, :table.dim]).any(axis=1)]
             updates[table.name] = (keys, rows)
-        self.ps.push_tables(updates)  # all tables or none
+        self.ps.push_tables(updates)  # all tables or none (rows that are not finite: none, and the pass stays)
+        for name, keys_changed in changed.items():
+            self._updated[name].append(keys_changed)
         self._before = {name: rows for name, (_, rows) in updates.items()}
         self._known = (self._index, self._before)
         self._pushed = True

@@ -268,6 +268,46 @@ def test_a_replace_is_all_or_nothing_across_tables():
 
 
 @pytest.mark.parametrize("store", ["host", "disk"])
+def test_rows_that_are_not_finite_are_refused_and_a_write_back_of_them_keeps_its_pass(tmp_path, store):
+    """A push or replace holding NaN or inf names the keys and writes nothing, in either table; a
+    write-back of a diverged pass raises, the server and the incremental model keep what they had,
+    and the pass can be discarded."""
+    ps = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps")
+    ps.ensure_tables({"a": 1, "b": 2})
+    ps.push_tables({"a": ([1, 2], [[1.0], [2.0]]), "b": ([5], [[5.0, 5.0]])})
+    for bad in (np.nan, np.inf, -np.inf):
+        with pytest.raises(ValueError, match=r"rows of 1 keys hold NaN or inf \(keys \[7\]\)"):
+            ps.push_tables({"a": ([3], [[3.0]]), "b": ([6, 7], [[6.0, 6.0], [1.0, bad]])})
+        with pytest.raises(ValueError, match="NaN or inf"):
+            ps.replace_tables({"a": ([7], [[bad]])})
+    assert ps.keys("a").tolist() == [1, 2] and ps.keys("b").tolist() == [5]
+    assert ps.pull("a", [1, 2])[0].ravel().tolist() == [1.0, 2.0]
+    ps.close()
+
+    model = build(CAPACITY, sok.optimizers.Adam(0.01))
+    server = HostMemoryPS() if store == "host" else DiskPS(tmp_path / "ps2")
+    cache = EmbeddingTrainingCache(model, server, device_capacity_rows=CAPACITY)
+    keys = np.arange(0, 200)
+    cache.update(keys)
+    cache.write_back()
+    cache.get_incremental_model()
+    before = {name: server.pull(name, keys)[0] for name in server.widths}
+    cache.update(keys)
+    table = cache.tables[0]
+    rows = cache._read(table, len(keys))
+    rows[3, 0] = np.nan  # as a diverged step leaves a row
+    cache._write(table, rows)
+    with pytest.raises(ValueError, match=rf"push to {table.name!r}: the rows of 1 keys hold NaN or inf \(keys \[3\]\)"):
+        cache.write_back()
+    assert cache.active
+    for name, rows in before.items():
+        np.testing.assert_array_equal(server.pull(name, keys)[0], rows)
+    cache.discard()
+    assert all(len(k) == 0 for k, _ in cache.get_incremental_model().values())
+    server.close()
+
+
+@pytest.mark.parametrize("store", ["host", "disk"])
 def test_servers_keep_their_keys_in_step(tmp_path, store):
     """Unsorted and negative keys, pushed over each other; DiskPS reopens with its keys."""
     rng = np.random.default_rng(2)
