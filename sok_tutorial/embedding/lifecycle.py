@@ -148,9 +148,25 @@ class Lifecycle:
             if value is not None and checks.positive_int(what, value) > MAX_STATE:
                 raise ValueError(f"{what}={value} is invalid: expected at most {MAX_STATE} (2**31: entries of an "
                                  "array the table keeps in memory)")
-        width_sketch = 1 << max(4, int(np.ceil(np.log2(sketch_width if sketch_width is not None
-                                                        else SKETCH_WIDTH * capacity))))
+
+        def rounded(value: int | None) -> int:  # a sketch row's counters, as kept
+            return 1 << max(4, int(np.ceil(np.log2(value if value is not None else SKETCH_WIDTH * capacity))))
+
+        width_sketch = rounded(sketch_width)
         log = capacity if eviction_log is None else int(eviction_log)
+        # An option whose feature is off is refused when set to anything but its default (what
+        # `config` writes back for it, so a table's config always builds the table again).
+        applies = {"min_count > 1 (admission)": min_count > 1, "eviction_policy='lfu'": eviction_policy == "lfu",
+                   "an eviction_policy": eviction_policy is not None}
+        for option, value, changed, needs in (
+                ("sketch_width", sketch_width, width_sketch != rounded(None), "min_count > 1 (admission)"),
+                ("sketch_depth", sketch_depth, sketch_depth != 4, "min_count > 1 (admission)"),
+                ("lfu_halflife", lfu_halflife, lfu_halflife != 1000, "eviction_policy='lfu'"),
+                ("bucket_capacity", bucket_capacity, width != 8, "an eviction_policy"),
+                ("eviction_log", eviction_log, log != capacity, "an eviction_policy")):
+            if changed and not applies[needs]:
+                raise ValueError(f"{name}: {option}={value!r} has no effect here: it needs {needs}, got "
+                                 f"eviction_policy={eviction_policy!r}, min_count={min_count}")
         seconds = None if ttl_seconds is None else float(ttl_seconds)
         return cls(eviction_policy, None if ttl is None else int(ttl), seconds, int(lfu_halflife), width,
                    int(min_count), float(admit_probability), int(sketch_depth), width_sketch,

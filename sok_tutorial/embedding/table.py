@@ -114,6 +114,9 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
             counters a row per row of capacity); before, it embeds to zeros.
             ``admit_probability``: admit a new key with this probability.
         track_changes: remember which rows changed and when, for delta exports (on with a policy).
+            An option of a feature that is off (``bucket_capacity`` or ``eviction_log`` without a
+            policy, ``lfu_halflife`` without ``"lfu"``, ``sketch_*`` without ``min_count > 1``) is
+            refused unless it is at its default.
         storage_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``: the type rows are stored in
             (lookups and updates compute in float32); ``stochastic_rounding``: round updates to it
             stochastically instead of to nearest; ``slot_dtype``: the optimizer slots' type,

@@ -88,8 +88,8 @@ def stream(steps: int, batch: int, seed: int = 0, drift: int = 7) -> list[np.nda
                                                           ("ttl", 6, 64, 8), ("lru", None, 60, 4),
                                                           ("lfu", None, 48, 16)])
 def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity, width):
-    table = EmbeddingTable(capacity, 3, eviction_policy=policy, ttl=ttl, bucket_capacity=width, lfu_halflife=5,
-                           eviction_log=4096)
+    table = EmbeddingTable(capacity, 3, eviction_policy=policy, ttl=ttl, bucket_capacity=width, eviction_log=4096,
+                           **({"lfu_halflife": 5} if policy == "lfu" else {}))
     ref = Reference(table.capacity, width, policy, ttl, halflife=5)
     step = tf.function(lambda keys: table(keys, training=True))
     for batch in stream(60, 40):
@@ -438,11 +438,30 @@ def test_a_restore_into_fewer_buckets_keeps_the_most_recent_keys_of_each_and_say
     ({"eviction_policy": "ttl", "ttl": 2**62}, r"ttl=4611686018427387904 is invalid.*fewer than"),
     ({"track_changes": "no"}, r"track_changes='no' is invalid: expected True or False"),
     ({"capacity": 0}, "capacity"),
+    ({"sketch_width": 4096}, r"sketch_width=4096 has no effect here: it needs min_count > 1 \(admission\)"),
+    ({"eviction_policy": "lru", "sketch_depth": 2}, r"sketch_depth=2 has no effect here: it needs min_count > 1"),
+    ({"eviction_policy": "lru", "lfu_halflife": 10}, r"lfu_halflife=10 has no effect here: it needs "
+                                                     r"eviction_policy='lfu', got eviction_policy='lru'"),
+    ({"track_changes": True, "eviction_log": 100}, r"eviction_log=100 has no effect here: it needs an eviction_policy"),
+    ({"min_count": 2, "bucket_capacity": 16}, r"bucket_capacity=16 has no effect here: it needs an eviction_policy"),
 ])
 def test_bad_options_are_refused_naming_the_argument(kwargs, message):
     args = {"capacity": 10, "dim": 2, **kwargs}
     with pytest.raises(ValueError, match=message):
         EmbeddingTable(**args)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"track_changes": True}, {"min_count": 3}, {"eviction_policy": "lru"},
+                                    {"eviction_policy": "lfu", "lfu_halflife": 7, "min_count": 2, "sketch_depth": 2},
+                                    {"eviction_policy": "ttl", "ttl": 3, "bucket_capacity": 4, "eviction_log": 9}])
+def test_options_at_their_defaults_pass_whatever_applies_and_a_config_builds_its_table_again(kwargs):
+    """Options of a feature that is off are accepted at their defaults (as a table's config writes
+    them back, every option always), so every table's config builds an equal table."""
+    table = EmbeddingTable(64, 2, **kwargs)
+    again = EmbeddingTable.from_config(table.get_config())
+    assert again.get_config() == table.get_config()
+    assert EmbeddingTable(64, 2, **kwargs, **{k: v for k, v in {"sketch_depth": 4, "lfu_halflife": 1000,
+                                                                "bucket_capacity": 8}.items() if k not in kwargs})
 
 
 def test_lifecycle_options_survive_get_config():
