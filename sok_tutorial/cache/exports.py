@@ -107,7 +107,13 @@ class CacheExports:
         next `get_incremental_model` lists the keys whose vectors the load changed and those it
         deleted, so that a server of the model follows the rollback.
 
-        Not during a pass: its `write_back` would push the rows it trained over the loaded ones."""
+        Not during a pass: its `write_back` would push the rows it trained over the loaded ones. (The
+        load a cache makes when it starts from a save, ``train_from_scratch=False``, is its starting
+        point, not a change: a model's server holds that save already.)"""
+        return self._load_params(directory, report=True)
+
+    def _load_params(self, directory: str | Path, report: bool) -> Path:
+        """`load_params_from_files`; `report`: list what the load changes in the next incremental model."""
         path = latest_checkpoint(directory)
         if path is None:
             raise FileNotFoundError(f"directory={str(directory)!r} holds no save (a step-* checkpoint with its "
@@ -120,7 +126,7 @@ class CacheExports:
         saved = read_tables(path)
         self._cancel_prefetch()
         self._known = None  # the server's rows change under the cache
-        changes = [self._load_changes(table, arrays) for table, arrays in zip(self.tables, saved)]
+        changes = [self._load_changes(table, arrays) for table, arrays in zip(self.tables, saved)] if report else []
         self.ps.replace_tables({table.name: (arrays["keys"], self._pack(table, arrays))
                                 for table, arrays in zip(self.tables, saved)})
         for table, (changed, deleted) in zip(self.tables, changes):

@@ -157,7 +157,7 @@ class EmbeddingTrainingCache(CachePasses, CacheExports):
                 raise ValueError(f"train_from_scratch=True but the parameter server already holds rows {held}; "
                                  "pass train_from_scratch=False to continue from them, or use a new store")
         elif self.dest is not None:
-            self.load_params_from_files(self.dest)
+            self._load_params(self.dest, report=False)  # (where the model starts: no change to report)
 
     # ------------------------------------------------------------------ layout
     def _read(self, table: Any, n: int) -> np.ndarray:

@@ -235,6 +235,12 @@ def test_the_incremental_model_follows_a_load(tmp_path, store):
     again = cache.get_incremental_model()  # nothing changed since
     assert all(len(keys) == 0 and len(again.deleted[name]) == 0 for name, (keys, _) in again.items())
     ps.close()
+    resumed = EmbeddingTrainingCache(build(CAPACITY, sok.optimizers.Adam(0.01)), HostMemoryPS(),
+                                     device_capacity_rows=CAPACITY, train_from_scratch=False,
+                                     dest_sparse_models=tmp_path / "params")
+    start = resumed.get_incremental_model()  # a cache that starts from a save: the save is where serving starts
+    assert all(len(keys) == 0 and len(start.deleted[name]) == 0 for name, (keys, _) in start.items())
+    assert all(resumed.ps.size(name) == 600 for name in resumed.widths)
 
 
 def test_a_load_during_a_pass_is_refused_and_changes_nothing(tmp_path):
