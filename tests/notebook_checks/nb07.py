@@ -21,6 +21,10 @@ def check_07(m: dict[str, Any], p: dict[str, Any]) -> None:
         assert 0 < sizes["deep"] < sizes["wide"] <= keys and sizes["wide"] > 0.99 * keys  # crosses: wide only
         assert m["incremental_sizes_low_level"][stage] == sizes
     assert m["incremental_again"] == {"wide": 0, "deep": 0}  # nothing changed since the last call
+    rollback = m["rollback"]  # a pass on list 5 published, then load_params_from_files back to the save
+    assert rollback["rolled_back"] == rollback["served_in_save"] and rollback["rolled_back"]["wide"] > 0
+    assert rollback["deleted"] == rollback["new_keys"] and rollback["new_keys"]["wide"] > 0
+    assert abs(rollback["auc"] - m["reloaded_auc_stage_2"]) < 1e-5
     assert set(m["samples_per_s"]) == {"HostMemoryPS", "DiskPS", "DiskPS, low-level"}
     assert all(v > 0 for v in m["samples_per_s"].values())
     assert all(rows == {"wide": m["trained_keys"], "deep": m["trained_keys"]} for rows in m["ps_rows"].values())
