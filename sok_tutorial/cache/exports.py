@@ -57,8 +57,8 @@ class CacheExports:
         if self.active:
             self._sync()
         out = IncrementalModel()
-        for table in self.tables:
-            listed = self._updated[table.name] + self._deleted[table.name]
+        for table in self.tables:  # (a listed key the server no longer holds was deleted by a load)
+            listed = self._updated[table.name]
             keys = unique(np.concatenate(listed))[0] if listed else np.zeros(0, np.int64)
             rows, found = self.ps.pull(table.name, keys)
             out[table.name] = (keys[found], rows[found, :table.dim])
@@ -69,7 +69,7 @@ class CacheExports:
             dense = {relative_path(self.model, v.path): v.numpy() for v in dense_variables(self.model, self.tables)}
             write_delta(path, self.model, parts, [self._mark] * len(parts), [self._mark + 1] * len(parts), dense)
         for table in self.tables:
-            self._updated[table.name], self._deleted[table.name] = [], []
+            self._updated[table.name] = []
         self._mark += 1
         return out
 
@@ -129,15 +129,14 @@ class CacheExports:
         changes = [self._load_changes(table, arrays) for table, arrays in zip(self.tables, saved)] if report else []
         self.ps.replace_tables({table.name: (arrays["keys"], self._pack(table, arrays))
                                 for table, arrays in zip(self.tables, saved)})
-        for table, (changed, deleted) in zip(self.tables, changes):
+        for table, changed in zip(self.tables, changes):
             self._updated[table.name].append(changed)
-            self._deleted[table.name].append(deleted)
         return path
 
-    def _load_changes(self, table: Any, arrays: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """(saved keys whose vectors differ from the server's or that it lacks, the server's keys the
-        save lacks): what loading `arrays` into table changes, for the incremental model."""
+    def _load_changes(self, table: Any, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        """The keys whose vectors loading `arrays` into table changes: saved keys whose vectors differ
+        from the server's or that it lacks, and the server's keys the save lacks (deleted)."""
         keys = np.asarray(arrays["keys"], np.int64)
         rows, found = self.ps.pull(table.name, keys)
         differs = ~found | np.any(rows[:, :table.dim] != np.asarray(arrays["vectors"], np.float32), axis=1)
-        return keys[differs], np.setdiff1d(self.ps.keys(table.name), keys)
+        return np.concatenate([keys[differs], np.setdiff1d(self.ps.keys(table.name), keys)])

@@ -146,7 +146,6 @@ class EmbeddingTrainingCache(CachePasses, CacheExports):
         self._known: tuple[KeyIndex, dict[str, np.ndarray]] | None = None  # the server's rows of the last pass
         self._prefetch: tuple[np.ndarray, KeyIndex | None, Prefetch] | None = None
         self._updated: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}
-        self._deleted: dict[str, list[np.ndarray]] = {name: [] for name in self.widths}  # by a load
         self.history: list[dict[str, float]] = []
         self._pushed = False  # whether the active pass pushed rows (a sync before its end)
         self._mark = 0  # incremental models written so far: the marks of its deltas

@@ -156,15 +156,14 @@ class Lifecycle:
         log = capacity if eviction_log is None else int(eviction_log)
         # An option whose feature is off is refused when set to anything but its default (what
         # `config` writes back for it, so a table's config always builds the table again).
-        applies = {"min_count > 1 (admission)": min_count > 1, "eviction_policy='lfu'": eviction_policy == "lfu",
-                   "an eviction_policy": eviction_policy is not None}
-        for option, value, changed, needs in (
-                ("sketch_width", sketch_width, width_sketch != rounded(None), "min_count > 1 (admission)"),
-                ("sketch_depth", sketch_depth, sketch_depth != 4, "min_count > 1 (admission)"),
-                ("lfu_halflife", lfu_halflife, lfu_halflife != 1000, "eviction_policy='lfu'"),
-                ("bucket_capacity", bucket_capacity, width != 8, "an eviction_policy"),
-                ("eviction_log", eviction_log, log != capacity, "an eviction_policy")):
-            if changed and not applies[needs]:
+        sketched, lfu, policy = min_count > 1, eviction_policy == "lfu", eviction_policy is not None
+        for option, value, changed, applies, needs in (
+                ("sketch_width", sketch_width, width_sketch != rounded(None), sketched, "min_count > 1 (admission)"),
+                ("sketch_depth", sketch_depth, sketch_depth != 4, sketched, "min_count > 1 (admission)"),
+                ("lfu_halflife", lfu_halflife, lfu_halflife != 1000, lfu, "eviction_policy='lfu'"),
+                ("bucket_capacity", bucket_capacity, width != 8, policy, "an eviction_policy"),
+                ("eviction_log", eviction_log, log != capacity, policy, "an eviction_policy")):
+            if changed and not applies:
                 raise ValueError(f"{name}: {option}={value!r} has no effect here: it needs {needs}, got "
                                  f"eviction_policy={eviction_policy!r}, min_count={min_count}")
         seconds = None if ttl_seconds is None else float(ttl_seconds)
