@@ -40,6 +40,21 @@ class IncrementalModel(dict):
         super().__init__()
         self.deleted: dict[str, np.ndarray] = {}
 
+    def copy(self) -> IncrementalModel:
+        """A shallow copy that keeps `deleted` (``dict.copy`` would return a plain dict without it).
+
+        Example:
+            >>> model = IncrementalModel()
+            >>> model["wide"], model.deleted["wide"] = (np.arange(2), np.zeros((2, 4))), np.array([7])
+            >>> copied = model.copy()
+            >>> type(copied).__name__, copied.deleted["wide"].tolist(), copied["wide"][0].tolist()
+            ('IncrementalModel', [7], [0, 1])
+        """
+        out = IncrementalModel()
+        out.update(self)
+        out.deleted = dict(self.deleted)
+        return out
+
 
 class CacheExports:
     """Incremental exports and saves of the cache's server (module docstring)."""

@@ -222,6 +222,7 @@ def test_the_incremental_model_follows_a_load(tmp_path, store):
     apply_delta(served, tmp_path / "d1")
     cache.load_params_from_files(tmp_path / "params")
     second = cache.get_incremental_model(path=tmp_path / "d2")
+    assert second.copy().deleted.keys() == second.deleted.keys() == set(second)  # a copy keeps the deletions
     for table in cache.tables:
         keys, vectors = second[table.name]
         np.testing.assert_array_equal(np.sort(second.deleted[table.name]), np.arange(600, 1000))
