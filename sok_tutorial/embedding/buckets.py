@@ -69,7 +69,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
-from sok_tutorial.embedding.ops import local_view, masked, read_rows, read_spans, tf_variable, updated
+from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, tf_variable, updated
 
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
@@ -266,23 +266,27 @@ class BucketedIndex:
             with tf.control_dependencies(touched):  # this step's hits are taken
                 filling = 2 * tf.math.count_nonzero(empty_sample, dtype=tf.int32) > sample
 
-            def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor]:
                 empty = tf.equal(new_held, empty_key)  # (m, W)
-                quick, at = nth_true(empty, rank)
+                at = nth_true(empty, rank)[1]
                 slow = tf.where(at < 0)[:, 0]
-                ok, position, previous = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
-                return (tf.concat([quick, tf.gather(slow, ok)], 0), tf.concat([tf.gather(at, quick), position], 0),
-                        tf.concat([tf.fill(tf.shape(quick), tf.constant(_EMPTY, tf.int64)), previous], 0))
+                ok, position, _ = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
+                return updated(at >= 0, slow, ok), updated(at, slow, position)
 
-            take, position, previous = tf.cond(filling, with_empty_rows, lambda: self._by_marks(new_bucket, rank, now))
+            ok, position = tf.cond(filling, with_empty_rows, lambda: self._by_marks(new_bucket, rank, now)[:2])
+            marks = []  # (a row held a key unless it holds its bucket's empty key: no marks needed)
         else:  # (a single bucket's empty rows hold a key like any other: marks tell)
             with tf.control_dependencies(touched):
-                take, position, previous = self._by_marks(new_bucket, rank, now)
-        take_group = tf.gather(group, take)
-        taken = tf.gather(new_bucket, take) * width + tf.cast(position, tf.int64)
-        placed_keys, placed = tf.gather(new_keys, take), tf.gather(new, take)  # (placed: index in `keys`)
+                ok, position, previous = self._by_marks(new_bucket, rank, now)
+            marks = [previous]
+        # the new keys that take a row (placed: their index in `keys`): in a full table's step, all of them
+        take_group, take_bucket, placed_keys, placed, position, *marks = kept(
+            ok, [group, new_bucket, new_keys, new, position, *marks])
+        taken = take_bucket * width + tf.cast(position, tf.int64)
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
-        evicted = masked(tf.gather(tf.reshape(held_keys, [-1]), held_at), previous >= 0)
+        before = tf.gather(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
+        evicting = marks[0] >= 0 if marks else tf.not_equal(before, self._empty_key(take_bucket))
+        evicted = kept(evicting, [before])[0]
         new_rows = tf.gather(new_held, first)  # (buckets, W): a row per bucket
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])
@@ -296,11 +300,11 @@ class BucketedIndex:
                 renewed = tf.where(held & ~live)[:, 0]
                 placed_keys = tf.concat([placed_keys, tf.gather(keys, renewed)], 0)
                 taken = tf.concat([taken, tf.gather(row, renewed)], 0)
-            return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(take, tf.int64))
+            return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(placed, tf.int64))
 
     def _by_marks(self, bucket: tf.Tensor, rank: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """For new keys of `bucket` with `rank` earlier new keys in it: (which of them may take a row,
-        its position in their bucket, the row's mark before, -1 for empty, int64): the rank-th
+        """For new keys of `bucket` with `rank` earlier new keys in it, each: (whether it may take a
+        row, the row's position in its bucket, its mark before, -1 for empty, int64): the rank-th
         lowest-scored row, by the marks (read after this step's touches)."""
         width = self.width
         values = read_spans(self.marks, tf.cast(bucket, tf.int32) * width, width)  # (s, W): each bucket's rows
@@ -325,9 +329,8 @@ class BucketedIndex:
         # the slot each key would take, flat in its [W] row; it may if that row's priority is above
         # `floor` (the rank-th highest is then free: the free rows sort first) and its rank is below W
         slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position
-        ok = tf.where((tf.gather(tf.reshape(priority, [-1]), slot) > floor) & (rank < width))[:, 0]
-        previous = tf.cast(tf.gather(tf.reshape(marks, [-1]), tf.gather(slot, ok)), tf.int64)
-        return ok, tf.gather(position, ok), previous
+        ok = (tf.gather(tf.reshape(priority, [-1]), slot) > floor) & (rank < width)
+        return ok, position, tf.cast(tf.gather(tf.reshape(marks, [-1]), slot), tf.int64)
 
     # ------------------------------------------------------------------ on the host
     def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:

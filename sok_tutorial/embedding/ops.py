@@ -134,6 +134,23 @@ def masked(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     return tf.gather(values, tf.reshape(tf.where(mask), [-1]))
 
 
+def kept(mask: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """`masked` of each of `tensors` by one 1-D `mask`, with no gather when the mask is all True:
+    then the tensors come back as they are (a ``tf.cond``). In a step of a full table every new key
+    takes a row and evicts a key, and the half dozen arrays of its new keys would each be gathered
+    whole, in order.
+
+    Example:
+        >>> [t.numpy().tolist() for t in kept(tf.constant([True, False]), [tf.constant([1, 2]), tf.constant([3, 4])])]
+        [[1], [3]]
+    """
+    def some() -> list[tf.Tensor]:
+        at = tf.reshape(tf.where(mask), [-1])
+        return [tf.gather(t, at) for t in tensors]
+
+    return tf.cond(tf.reduce_all(mask), lambda: list(tensors), some)
+
+
 def expand(vectors: tf.Tensor, position: tf.Tensor, pairs: tf.Tensor | None = None) -> tf.Tensor:
     """``vectors[position]``, whose gradient sums repeats with one sparse product (`sum_by_position`,
     on `pairs` when they were made ahead)."""
