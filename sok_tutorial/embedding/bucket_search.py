@@ -32,9 +32,9 @@ def position_in_row(match: tf.Tensor) -> tf.Tensor:
     return tf.where(value != 0, word * 8 + byte, -1)
 
 
-def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """(the rows of `mask` ``[k, W]`` with more than ``n[row]`` Trues, int64; for every row the
-    position of its ``n``-th True counting from 0, int32, or -1 where there are not that many).
+def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
+    """For every row of `mask` ``[k, W]``, the position of its ``n[row]``-th True counting from 0
+    (int32), or -1 where there are not that many.
 
     Rows whose ``n`` is 0 (most) take their first True from the bytes of one word (`position_in_row`'s
     packing): ``v & -v`` keeps the lowest set bit; the others count their Trues in order."""
@@ -52,8 +52,7 @@ def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     else:
         count = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
         at = tf.cast(position_in_row(mask & tf.equal(count, n[:, None] + 1)), tf.int32)
-    at = tf.where(enough, at, -1)
-    return tf.where(enough)[:, 0], at
+    return tf.where(enough, at, -1)
 
 
 def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:

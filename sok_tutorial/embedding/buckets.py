@@ -268,7 +268,7 @@ class BucketedIndex:
 
             def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor]:
                 empty = tf.equal(new_held, empty_key)  # (m, W)
-                at = nth_true(empty, rank)[1]
+                at = nth_true(empty, rank)
                 slow = tf.where(at < 0)[:, 0]
                 ok, position, _ = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
                 return updated(at >= 0, slow, ok), updated(at, slow, position)
