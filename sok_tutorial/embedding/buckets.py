@@ -271,21 +271,22 @@ class BucketedIndex:
                 at = nth_true(empty, rank)
                 slow = tf.where(at < 0)[:, 0]
                 ok, position, _ = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
-                return updated(at >= 0, slow, ok), updated(at, slow, position)
+                position = updated(at, slow, tf.where(ok, position, -1))  # -1: no row (a quick key's is >= 0)
+                return position >= 0, position
 
             ok, position = tf.cond(filling, with_empty_rows, lambda: self._by_marks(new_bucket, rank, now)[:2])
-            marks = []  # (a row held a key unless it holds its bucket's empty key: no marks needed)
+            previous = []  # (a row held a key unless it holds its bucket's empty key: no marks needed)
         else:  # (a single bucket's empty rows hold a key like any other: marks tell)
             with tf.control_dependencies(touched):
-                ok, position, previous = self._by_marks(new_bucket, rank, now)
-            marks = [previous]
+                ok, position, marks_before = self._by_marks(new_bucket, rank, now)
+            previous = [marks_before]
         # the new keys that take a row (placed: their index in `keys`): in a full table's step, all of them
-        take_group, take_bucket, placed_keys, placed, position, *marks = kept(
-            ok, [group, new_bucket, new_keys, new, position, *marks])
+        take_group, take_bucket, placed_keys, placed, position, *previous = kept(
+            ok, [group, new_bucket, new_keys, new, position, *previous])
         taken = take_bucket * width + tf.cast(position, tf.int64)
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
         before = tf.gather(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
-        evicting = marks[0] >= 0 if marks else tf.not_equal(before, self._empty_key(take_bucket))
+        evicting = previous[0] >= 0 if previous else tf.not_equal(before, self._empty_key(take_bucket))
         evicted = kept(evicting, [before])[0]
         new_rows = tf.gather(new_held, first)  # (buckets, W): a row per bucket
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
