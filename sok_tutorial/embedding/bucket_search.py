@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from sok_tutorial.embedding.ops import masked, updated
+from sok_tutorial.embedding.ops import masked, take, updated
 
 
 def position_in_row(match: tf.Tensor) -> tf.Tensor:
@@ -45,9 +45,9 @@ def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
         low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
         first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8
         later = tf.where(enough & (n > 0))[:, 0]
-        sub = tf.gather(mask, later)
+        sub = take(mask, later)
         count = tf.cumsum(tf.cast(sub, tf.int32), axis=1)
-        at = updated(first, later, tf.cast(position_in_row(sub & tf.equal(count, tf.gather(n, later)[:, None] + 1)),
+        at = updated(first, later, tf.cast(position_in_row(sub & tf.equal(count, take(n, later)[:, None] + 1)),
                                            tf.int32))
     else:
         count = tf.cumsum(tf.cast(mask, tf.int32), axis=1)
@@ -67,12 +67,12 @@ def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = 
     first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
 
     def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        group = tf.gather(groups, pending)
-        later = masked(pending, tf.not_equal(tf.gather(tf.math.unsorted_segment_min(
+        group = take(groups, pending)
+        later = masked(pending, tf.not_equal(take(tf.math.unsorted_segment_min(
             pending, group, num_groups), group), pending))
         return later, tf.concat([passed, later], 0), rounds + 1
 
-    start = tf.cast(tf.where(tf.not_equal(tf.gather(first, groups), tf.range(n)))[:, 0], tf.int32)
+    start = tf.cast(tf.where(tf.not_equal(take(first, groups), tf.range(n)))[:, 0], tf.int32)
     last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
     passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
                            [start, start, tf.constant(0, n.dtype)],
@@ -98,9 +98,9 @@ def nth_lowest(score: tf.Tensor, lowest: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     """
     n = tf.cast(n, tf.int32)
     second, later = tf.where(tf.equal(n, 1))[:, 0], tf.where(n > 1)[:, 0]
-    rows = -tf.gather(score, second)  # (top_k finds the largest: the lowest score, the first of equals)
-    aside = tf.equal(tf.range(score.shape[1], dtype=tf.int32)[None], tf.gather(lowest, second)[:, None])
+    rows = -take(score, second)  # (top_k finds the largest: the lowest score, the first of equals)
+    aside = tf.equal(tf.range(score.shape[1], dtype=tf.int32)[None], take(lowest, second)[:, None])
     found = tf.math.top_k(tf.where(aside, rows.dtype.min, rows), 1)[1][:, 0]
-    order = tf.argsort(tf.gather(score, later), axis=1, stable=True)
-    sorted_nth = tf.gather(order, tf.gather(n, later), batch_dims=1)
+    order = tf.argsort(take(score, later), axis=1, stable=True)
+    sorted_nth = tf.gather(order, take(n, later), batch_dims=1)
     return tf.dynamic_stitch([tf.cast(second, tf.int32), tf.cast(later, tf.int32)], [found, sorted_nth])

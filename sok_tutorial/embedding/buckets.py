@@ -69,7 +69,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
-from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, tf_variable, updated
+from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, take, tf_variable, updated
 
 _EMPTY = -1
 _COUNT_MAX = 2**31 - 1
@@ -241,20 +241,20 @@ class BucketedIndex:
         bucket, held_keys, row, held, live = self._find(keys, now)
         width, stamp = self.width, tf.cast(now, self.mark_dtype)
         hit = tf.where(held)[:, 0]
-        hits = tf.gather(row, hit)  # expired "ttl" keys too: they take their own row back
+        hits = take(row, hit)  # expired "ttl" keys too: they take their own row back
         if self.packed:  # the count as of now plus this step's, and the mark, in one write
             old = read_rows(self.marks, hits)
-            seen = self._packed(self._decayed(old, self._marks_of(old), now) + tf.gather(counts, hit), now)
+            seen = self._packed(self._decayed(old, self._marks_of(old), now) + take(counts, hit), now)
         else:
             seen = tf.fill(tf.shape(hits), stamp)
         touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, hits))]
         new = tf.where(~held)[:, 0]
         if admit is not None:  # which of the absent keys may have a row
-            new = masked(new, admit(tf.gather(keys, new), None if counts is None else tf.gather(counts, new)))
-        new_keys, new_bucket = tf.gather(keys, new), tf.gather(bucket, new)
+            new = masked(new, admit(take(keys, new), None if counts is None else take(counts, new)))
+        new_keys, new_bucket = take(keys, new), take(bucket, new)
         buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
         rank, first = rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
-        new_held = tf.gather(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
+        new_held = take(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
         if self.num_buckets > 1:
             # A key whose bucket has more empty rows than new keys before it takes the rank-th empty row
             # (empty rows score lowest, in row order), found in the keys the lookup read without reading
@@ -270,7 +270,7 @@ class BucketedIndex:
                 empty = tf.equal(new_held, empty_key)  # (m, W)
                 at = nth_true(empty, rank)
                 slow = tf.where(at < 0)[:, 0]
-                ok, position, _ = self._by_marks(tf.gather(new_bucket, slow), tf.gather(rank, slow), now)
+                ok, position, _ = self._by_marks(take(new_bucket, slow), take(rank, slow), now)
                 position = updated(at, slow, tf.where(ok, position, -1))  # -1: no row (a quick key's is >= 0)
                 return position >= 0, position
 
@@ -285,22 +285,22 @@ class BucketedIndex:
             ok, [group, new_bucket, new_keys, new, position, *previous])
         taken = take_bucket * width + tf.cast(position, tf.int64)
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
-        before = tf.gather(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
+        before = take(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
         evicting = previous[0] >= 0 if previous else tf.not_equal(before, self._empty_key(take_bucket))
         evicted = kept(evicting, [before])[0]
-        new_rows = tf.gather(new_held, first)  # (buckets, W): a row per bucket
+        new_rows = take(new_held, first)  # (buckets, W): a row per bucket
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])
         with tf.control_dependencies([evicted]):
-            seen = self._packed(tf.gather(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
+            seen = self._packed(take(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
             writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
                       tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))]
         with tf.control_dependencies(writes):
             rows = updated(tf.where(held, row, _EMPTY), placed, taken)
             if self.ttl is not None:  # expired keys back in their own rows: fresh values too
                 renewed = tf.where(held & ~live)[:, 0]
-                placed_keys = tf.concat([placed_keys, tf.gather(keys, renewed)], 0)
-                taken = tf.concat([taken, tf.gather(row, renewed)], 0)
+                placed_keys = tf.concat([placed_keys, take(keys, renewed)], 0)
+                taken = tf.concat([taken, take(row, renewed)], 0)
             return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(placed, tf.int64))
 
     def _by_marks(self, bucket: tf.Tensor, rank: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -325,13 +325,13 @@ class BucketedIndex:
         # tf.argmax has it, at about two thirds of tf.argmax's cost on a CPU)
         position = tf.math.top_k(priority, 1)[1][:, 0]
         later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest score (few)
-        position = updated(position, later, nth_lowest(-tf.gather(priority, later), tf.gather(position, later),
-                                                       tf.minimum(tf.gather(rank, later), width - 1)))
+        position = updated(position, later, nth_lowest(-take(priority, later), take(position, later),
+                                                       tf.minimum(take(rank, later), width - 1)))
         # the slot each key would take, flat in its [W] row; it may if that row's priority is above
         # `floor` (the rank-th highest is then free: the free rows sort first) and its rank is below W
         slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position
-        ok = (tf.gather(tf.reshape(priority, [-1]), slot) > floor) & (rank < width)
-        return ok, position, tf.cast(tf.gather(tf.reshape(marks, [-1]), slot), tf.int64)
+        ok = (take(tf.reshape(priority, [-1]), slot) > floor) & (rank < width)
+        return ok, position, tf.cast(take(tf.reshape(marks, [-1]), slot), tf.int64)
 
     # ------------------------------------------------------------------ on the host
     def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:

@@ -68,7 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.dedup import mix_keys
-from sok_tutorial.embedding.ops import masked, read_rows
+from sok_tutorial.embedding.ops import masked, read_rows, take
 
 _EMPTY = -1
 
@@ -156,7 +156,7 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
 
     def body(pos: tf.Tensor, at: tf.Tensor, done: tf.Tensor, found: tf.Tensor, ended: tf.Tensor) -> tuple:
         at = (at + 1) & mask
-        row, hit = _probe(index, tf.gather(keys, pos), at)
+        row, hit = _probe(index, take(keys, pos), at)
         end = hit | (row == _EMPTY)
         return (masked(pos, ~end), masked(at, ~end), tf.concat([done, masked(pos, end)], 0),
                 tf.concat([found, masked(tf.where(hit, row, _EMPTY), end)], 0),
@@ -164,7 +164,7 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
 
     none = tf.zeros([0], tf.int64)
     _, _, done, found, ended = tf.while_loop(
-        lambda pos, *_: tf.size(pos) > 0, body, [pending, tf.gather(slots, pending), none, none, none],
+        lambda pos, *_: tf.size(pos) > 0, body, [pending, take(slots, pending), none, none, none],
         shape_invariants=[tf.TensorShape([None])] * 5)
     return (tf.tensor_scatter_nd_update(rows, done[:, None], found),
             tf.tensor_scatter_nd_update(slots, done[:, None], ended))

@@ -17,7 +17,7 @@ from typing import Any
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import masked, read_elements, read_rows, tf_variable, updated
+from sok_tutorial.embedding.ops import masked, read_elements, read_rows, take, tf_variable, updated
 
 SALTS = (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15 - (1 << 64),
           0x6C8E9CF570932BD5, 0x1B03738712FAD5C9, 0x0E9C8D5F3B3A6F27, 0x7F4A7C159E3779B9)
@@ -123,8 +123,8 @@ class LifecycleOps:
             to_one = tf.where(tf.reshape(low & one, [-1]))[:, 0]
             higher = tf.where(tf.reshape(low & ~one, [-1]))[:, 0]
             flat_cells, stored = tf.reshape(cells, [-1]), tf.cast(tf.minimum(seen, SKETCH_MAX), sketch.dtype)
-            counted = self._raise(sketch, tf.gather(flat_cells, to_one), tf.gather(flat_cells, higher),
-                                  tf.gather(stored, higher % tf.size(seen, tf.int64)))
+            counted = self._raise(sketch, take(flat_cells, to_one), take(flat_cells, higher),
+                                  take(stored, higher % tf.size(seen, tf.int64)))
             added = tf_variable(self.sketch_added).assign_add(tf.reduce_sum(tf.cast(counts, tf.int64)))
             entered = tf_variable(self.sketch_keys).assign_add(tf.math.count_nonzero(before == 0, dtype=tf.int64))
         with tf.control_dependencies([counted]):
@@ -147,7 +147,7 @@ class LifecycleOps:
             written = sketch.scatter_update(tf.IndexedSlices(values, cells))
         with tf.control_dependencies([written]):
             lost = tf.where(read_rows(sketch, cells) < values)[:, 0]
-        return sketch.scatter_max(tf.IndexedSlices(tf.gather(values, lost), tf.gather(cells, lost)))
+        return sketch.scatter_max(tf.IndexedSlices(take(values, lost), take(cells, lost)))
 
     def _halve(self) -> tf.Tensor:
         sketch = tf_variable(self.sketch)

@@ -121,6 +121,20 @@ def local_view(obj: Any, names: Sequence[str], component: int) -> Any:
     return view
 
 
+def take(values: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
+    """``tf.gather(values, indices)`` along the first axis, by TensorFlow's ``GatherNd`` kernel: on a
+    CPU it reads the same elements or rows faster than its ``Gather`` kernel does (the ``gather`` case
+    of ``benchmarks/embedding.py --group index``; the README has the figures), and with indices of
+    one dimension its gradient is the same `tf.IndexedSlices`. The indices go as int64: with int32
+    ones the kernel refuses a tensor of more than 2**31 elements.
+
+    Example:
+        >>> take(tf.constant([[1, 2], [3, 4], [5, 6]]), tf.constant([2, 0])).numpy().tolist()
+        [[5, 6], [1, 2]]
+    """
+    return tf.gather_nd(values, tf.expand_dims(tf.cast(indices, tf.int64), -1))
+
+
 def masked(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     """``tf.boolean_mask(values, mask)`` for a 1-D `mask` over the first axis of `values`: the same
     where and gather, as three ops where ``tf.boolean_mask`` builds about twenty-five for masks of
@@ -131,7 +145,7 @@ def masked(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
         >>> masked(tf.constant([[1], [2], [3]]), tf.constant([True, False, True])).numpy().tolist()
         [[1], [3]]
     """
-    return tf.gather(values, tf.reshape(tf.where(mask), [-1]))
+    return take(values, tf.reshape(tf.where(mask), [-1]))
 
 
 def kept(mask: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
@@ -146,7 +160,7 @@ def kept(mask: tf.Tensor, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """
     def some() -> list[tf.Tensor]:
         at = tf.reshape(tf.where(mask), [-1])
-        return [tf.gather(t, at) for t in tensors]
+        return [take(t, at) for t in tensors]
 
     return tf.cond(tf.reduce_all(mask), lambda: list(tensors), some)
 
@@ -158,7 +172,7 @@ def expand(vectors: tf.Tensor, position: tf.Tensor, pairs: tf.Tensor | None = No
     def gather(vectors: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def grad(upstream: tf.Tensor) -> tf.Tensor:
             return sum_by_position(tf.convert_to_tensor(upstream), position, tf.shape(vectors)[0], pairs)
-        return tf.gather(vectors, position), grad
+        return take(vectors, position), grad
     return gather(vectors)
 
 
@@ -177,13 +191,13 @@ def _local(variable: Any) -> Any:
 
 
 def read_rows(variable: Any, indices: tf.Tensor) -> tf.Tensor:
-    """``variable[indices]``, read as rows (one ``ResourceGather``), never the whole variable.
+    """``variable[indices]``, read as rows (one ``ResourceGatherNd``, `take`), never the whole variable.
 
     ``tf.gather`` of a distributed variable inside a replica reads all of it first, and TensorFlow
     copies a variable that has been scattered into on every such read: a pass over the whole table
     each step. This gathers from the replica's own copy instead (and, as any read, lets a gradient
     tape watch it)."""
-    return tf.gather(_local(variable), indices)
+    return take(_local(variable), indices)
 
 
 #: elements a dense read of a variable copies in the time a gather reads one element (measured about
@@ -208,7 +222,7 @@ def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
     starts = tf.cast(starts, tf.int32)
     return _from_copy_or_gather(
         variable, tf.size(starts) * width,
-        lambda copy: tf.gather(tf.reshape(copy, [size // width, width]), starts // width),
+        lambda copy: take(tf.reshape(copy, [size // width, width]), starts // width),
         lambda: read_rows(variable, starts[:, None] + tf.range(width)))
 
 
@@ -222,7 +236,7 @@ def read_elements(variable: Any, indices: tf.Tensor) -> tf.Tensor:
         >>> read_elements(tf.Variable(tf.range(10) * 2), tf.constant([7, 0])).numpy().tolist()
         [14, 0]
     """
-    return _from_copy_or_gather(variable, tf.size(indices), lambda copy: tf.gather(copy, indices),
+    return _from_copy_or_gather(variable, tf.size(indices), lambda copy: take(copy, indices),
                                 lambda: read_rows(variable, indices))
 
 
@@ -356,7 +370,7 @@ def vectors_of(variable: Any, rows: tf.Tensor, found: tf.Tensor | None, position
     def absent_to_zeros() -> tuple[tf.Tensor, tf.Tensor]:
         at = tf.where(found, tf.cumsum(tf.cast(found, tf.int32)) - 1, tf.size(present))  # absent: the zero row
         return (tf.concat([vectors, tf.zeros(tf.stack([1, tf.shape(vectors)[1]]), vectors.dtype)], 0),
-                tf.gather(at, position))
+                take(at, position))
 
     vectors, position = tf.cond(everyone, lambda: (vectors, position), absent_to_zeros)
     return expand(vectors, position)

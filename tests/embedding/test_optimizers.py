@@ -258,7 +258,7 @@ def test_a_training_step_reads_each_touched_row_of_the_table_once(name, dynamic)
         graph = step.get_concrete_function().graph
         handle = table.variable.value.handle
         inside = [internal for external, internal in graph.captures if external is handle]
-        reads = sum(1 for op in graph.get_operations() if op.type == "ResourceGather" and op.inputs[0] is inside[0])
+        reads = sum(1 for op in graph.get_operations() if op.type == "ResourceGatherNd" and op.inputs[0] is inside[0])
         return table.variable.numpy(), reads
 
     once, reads_once = run(True)
