@@ -15,9 +15,11 @@ warm-up steps, 2 threads.
   training step, per-step timing and the per-op profile, shared with the ``eviction``,
   ``precision`` and ``memory`` groups.
 * `index`: the key index alone, lookup + insert of each step's distinct keys, for the in-graph
-  index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources; and
+  index of `sok_tutorial.embedding.index` and TensorFlow's two lookup-table resources;
   (``reduce``) the sum of a step's 213k gradient rows into its distinct rows, by the sparse
-  product the tables use (`sum_by_position`) and by ``tf.math.unsorted_segment_sum``.
+  product the tables use (`sum_by_position`) and by ``tf.math.unsorted_segment_sum``; and
+  (``gather``) a step's reads by TensorFlow's two gather kernels, ``Gather`` (``tf.gather``) and
+  ``GatherNd`` (`sok_tutorial.embedding.ops.take`, what the tables use).
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ ROWS_PER_TABLE = 10_000_000 // NT
 WARM, STEPS = 3, 20
 OPTIMIZERS = {"sgd": ("SGD", 1e-2), "adagrad": ("Adagrad", 1e-2), "adam": ("Adam", 1e-3),  # the peer script's rates
               "lazyadam": ("LazyAdam", 1e-3), "rowwise_adagrad": ("RowWiseAdagrad", 1e-2)}
-INDEXES = ("ours", "dense_hash_table", "mutable_hash_table", "reduce")
+INDEXES = ("ours", "dense_hash_table", "mutable_hash_table")
+KERNELS = ("reduce", "gather")  # the index group's other cases: a reduction and the gathers, two kernels each
 
 
 def batches(n: int, drift: int = 0) -> list[tuple[Any, Any]]:
@@ -184,6 +187,8 @@ def index(kind: str, steps: int = STEPS) -> dict[str, Any]:
 
     if kind == "reduce":
         return _reduction(tf, sum_by_position, steps)
+    if kind == "gather":
+        return _gathers(tf, steps)
     capacity = ROWS_PER_TABLE * NT
     keys = [tf.constant(np.unique(k)) for k, _ in batches(WARM + steps)]
     spec = [tf.TensorSpec([None], tf.int64)]  # one trace for every step's number of keys
@@ -245,4 +250,44 @@ def _reduction(tf: Any, sum_by_position: Any, steps: int) -> dict[str, Any]:
             if i >= WARM:
                 times.append(time.perf_counter() - start)
         out[name] = statistics.median(times) * 1e3
+    return out
+
+
+def _gathers(tf: Any, steps: int) -> dict[str, Any]:
+    """ms of a step's reads by ``tf.gather`` and by `take` (``GatherNd``), side by side: its distinct
+    rows of the 10M x 16 float32 table (a variable), their row-wise accumulators (a 10M float32
+    variable), and the int64 buckets of 8 keys of its ~55k new keys (a tensor: the bucketed index's
+    reads of what its lookup read)."""
+    import numpy as np
+
+    from sok_tutorial.embedding.ops import take
+
+    rng = np.random.default_rng(2)
+    capacity = ROWS_PER_TABLE * NT
+    table = tf.Variable(tf.random.uniform([capacity, DIM]))
+    accumulator = tf.Variable(tf.random.uniform([capacity]))
+    cases = []
+    for keys, _ in batches(WARM + steps):
+        rows = np.unique(keys)
+        buckets = rng.integers(0, 1 << 40, (rows.size, 8))  # (the keys of each key's bucket, as a lookup reads them)
+        new = rng.permutation(rows.size)[:rows.size // 2]
+        cases.append((tf.constant(rows), tf.constant(buckets), tf.constant(new)))
+    spec = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, 8], tf.int64), tf.TensorSpec([None], tf.int64)]
+    reads = {"rows": lambda read, rows, held, new: read(table, rows),
+             "accumulators": lambda read, rows, held, new: read(accumulator, rows),
+             "buckets": lambda read, rows, held, new: read(held, new)}
+    out = {}
+    for name, read in reads.items():
+        ways = {"gather": tf.function(lambda *a, read=read: read(tf.gather, *a), input_signature=spec),
+                "gather_nd": tf.function(lambda *a, read=read: read(take, *a), input_signature=spec)}
+        times: dict[str, list[float]] = {way: [] for way in ways}
+        for i, args in enumerate(cases):
+            for way, fn in ways.items():  # interleaved: both kernels on the same reads, one after the other
+                start = time.perf_counter()
+                fn(*args).numpy()
+                if i >= WARM:
+                    times[way].append(time.perf_counter() - start)
+        for way in ways:
+            out[f"{name}_{way}_ms"] = statistics.median(times[way]) * 1e3
+        out[f"{name}_gather_over_gather_nd"] = out[f"{name}_gather_ms"] / out[f"{name}_gather_nd_ms"]
     return out

@@ -26,8 +26,10 @@ without inserts), and for both fed by a pipeline that also looks the keys up in 
 fused CPU kernels and plain PyTorch run in the same rounds.
 
 Group ``index``: the key index alone, lookup + insert of each step's distinct keys into an empty
-10M-row index, and lookups alone: ours against ``DenseHashTable`` and ``MutableHashTable``; and
-``reduce``: summing a step's gradient rows per distinct row, by sparse product and by segment sum.
+10M-row index, and lookups alone: ours against ``DenseHashTable`` and ``MutableHashTable``;
+``reduce``: summing a step's gradient rows per distinct row, by sparse product and by segment sum;
+and ``gather``: a step's reads (rows, row-wise accumulators, buckets of keys) by ``tf.gather`` and by
+``GatherNd``.
 
 Group ``eviction`` (``benchmarks/_eviction.py``): the torchrec_shape workload with a drifting key
 stream (50-75k new keys a step) into dynamic tables with SGD (and Adagrad): one with room to spare
@@ -335,7 +337,7 @@ def main() -> None:
         peers: dict[str, list[float]] = {}
         cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in TABLE_KINDS]
                  if "torchrec_shape" in groups else [])
-        cases += [f"index:{kind}" for kind in _tables.INDEXES] if "index" in groups else []
+        cases += [f"index:{kind}" for kind in _tables.INDEXES + _tables.KERNELS] if "index" in groups else []
         for _ in range(1 if args.quick else args.repeat):
             for case in cases:
                 results.setdefault(case, []).append(run(case, 0, steps, ""))
@@ -344,9 +346,11 @@ def main() -> None:
                     peers.setdefault(name, []).append(sps)
         notes = {"workload": _tables.__doc__.split("\n\n")[1].replace("\n", " "), "huge_pages": bool(args.hugepages)}
         if "index" in groups:  # (a file of its own: running one group never overwrites the other's figures)
-            runs = results["index:reduce"]
-            rows = [{"case": "reduce", **{k: round(_bench.median([r[k] for r in runs]), 2) for k in runs[0]}}]
-            for kind in _tables.INDEXES[:-1]:
+            rows = []
+            for kind in _tables.KERNELS:
+                runs = results[f"index:{kind}"]
+                rows.append({"case": kind, **{k: round(_bench.median([r[k] for r in runs]), 2) for k in runs[0]}})
+            for kind in _tables.INDEXES:
                 runs = results[f"index:{kind}"]
                 rows.append({"case": "index", "table": kind,
                              "lookup_insert_ms": round(_bench.median([r["lookup_insert_ms"] for r in runs]), 2),
