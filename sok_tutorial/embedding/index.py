@@ -30,7 +30,7 @@ decides, a gather back tells each key whether it won, and the losers probe on.
 ``benchmarks/embedding.py`` (``index`` cases) times this index beside TensorFlow's two
 lookup-table resources, ``tf.lookup.experimental.DenseHashTable`` and ``MutableHashTable``, on
 each step's distinct keys of the torchrec_shape workload; the README has the figures. On a CPU
-``DenseHashTable`` runs about as fast as this one. The choice rests on what the two resources
+``DenseHashTable`` runs no faster than this one. The choice rests on what the two resources
 cannot do: they have CPU kernels only (on a GPU, keys would cross to the host and rows back
 every step), ``DenseHashTable`` reserves two sentinel keys, and both live outside
 ``tf.distribute``'s variables, so every replica would need a resource of its own and

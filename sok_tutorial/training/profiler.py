@@ -127,7 +127,7 @@ def op_breakdown(log_dir_or_trace: str | Path, *, steps: int | None = None,
     tf.data threads count as one row, ``("input", "tf.data")``, the time they were busy. Returns
     rows ``{"phase", "part", "ms", "share"}`` sorted by time: ``ms`` per step when `steps` is
     given, ``share`` of the total. ``by="op"`` gives the part as the op's TensorFlow type
-    (``ResourceGather``, ``Unique``...) instead of the layer, to see which kernels a step spends on.
+    (``ResourceGatherNd``, ``Unique``...) instead of the layer, to see which kernels a step spends on.
 
     Example:
         >>> import tempfile
