@@ -126,12 +126,16 @@ def take(values: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
     CPU it reads the same elements or rows faster than its ``Gather`` kernel does (the ``gather`` case
     of ``benchmarks/embedding.py --group index``; the README has the figures), and with indices of
     one dimension its gradient is the same `tf.IndexedSlices`. The indices go as int64: with int32
-    ones the kernel refuses a tensor of more than 2**31 elements.
+    ones the kernel refuses a tensor of more than 2**31 elements. Booleans (a mask, a table's
+    fresh-row marks) go by ``Gather``: ``GatherNd`` has no GPU kernel for them, and the step would
+    copy them to the host and back.
 
     Example:
         >>> take(tf.constant([[1, 2], [3, 4], [5, 6]]), tf.constant([2, 0])).numpy().tolist()
         [[5, 6], [1, 2]]
     """
+    if values.dtype == tf.bool:
+        return tf.gather(values, indices)
     return tf.gather_nd(values, tf.expand_dims(tf.cast(indices, tf.int64), -1))
 
 

@@ -133,6 +133,31 @@ def test_read_elements_reads_either_way(reads, dtype):
     np.testing.assert_array_equal(got.numpy(), values.numpy()[at])
 
 
+@pytest.mark.parametrize("dtype", [tf.bool, tf.int32, tf.int64, tf.float16, tf.float32])
+@pytest.mark.parametrize("shape", [(), (5,), (3, 2)])
+def test_take_reads_what_tf_gather_reads(dtype, shape):
+    """`ops.take` (GatherNd) gives tf.gather's values for indices of any rank and either integer type,
+    from tensors and variables, with the same sparse gradient; booleans go by Gather itself (GatherNd
+    has no GPU kernel for them)."""
+    rng = np.random.default_rng(len(shape))
+    values = tf.cast(rng.integers(0, 2 if dtype == tf.bool else 100, (7, 3)), dtype)
+    variable = tf.Variable(values)
+    for index_dtype in (np.int32, np.int64):
+        at = tf.constant(rng.integers(0, 7, shape).astype(index_dtype))
+        np.testing.assert_array_equal(ops.take(values, at).numpy(), tf.gather(values, at).numpy())
+        np.testing.assert_array_equal(ops.take(variable, at).numpy(), tf.gather(values, at).numpy())
+    graph = tf.function(lambda: ops.take(variable, tf.constant([1, 1]))).get_concrete_function().graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert ("ResourceGather" if dtype == tf.bool else "ResourceGatherNd") in kinds
+    if dtype == tf.float32:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.take(variable, tf.constant([4, 1, 4])) * 2.0)
+        gradient = tape.gradient(loss, variable)
+        assert isinstance(gradient, tf.IndexedSlices)  # (a dense gradient would be a pass over the whole table)
+        np.testing.assert_array_equal(tf.convert_to_tensor(gradient).numpy()[[1, 4, 0]],
+                                      [[2.0] * 3, [4.0] * 3, [0.0] * 3])
+
+
 @pytest.mark.parametrize("spans", [1, 3, 40, 200])  # 1 and 3: gathered element by element; 40, 200: read as rows
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 def test_read_spans_reads_each_bucket_s_marks_either_way(spans, dtype):
