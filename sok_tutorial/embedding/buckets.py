@@ -308,7 +308,7 @@ class BucketedIndex:
         row, the row's position in its bucket, its mark before, -1 for empty, int64): the rank-th
         lowest-scored row, by the marks (read after this step's touches)."""
         width = self.width
-        values = read_spans(self.marks, tf.cast(bucket, tf.int32) * width, width)  # (s, W): each bucket's rows
+        values = read_spans(self.marks, bucket * width, width)  # (s, W): each bucket's rows
         # each row's priority, the higher taken first, and `floor`, that of the rows this step's keys
         # hold (never taken); the lowest score goes first, the first of equals on a tie
         if self.packed:

@@ -223,11 +223,11 @@ def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
         [[8, 9, 10, 11], [0, 1, 2, 3]]
     """
     size = int(variable.shape[0])
-    starts = tf.cast(starts, tf.int32)
+    starts = tf.cast(starts, tf.int64)  # (what `take` reads by: no second cast of the [n, width] indices)
     return _from_copy_or_gather(
         variable, tf.size(starts) * width,
         lambda copy: take(tf.reshape(copy, [size // width, width]), starts // width),
-        lambda: read_rows(variable, starts[:, None] + tf.range(width)))
+        lambda: read_rows(variable, starts[:, None] + tf.range(width, dtype=tf.int64)))
 
 
 def read_elements(variable: Any, indices: tf.Tensor) -> tf.Tensor:
