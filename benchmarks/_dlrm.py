@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._bench import page_faults
+
 WARM, STEPS, BATCH, DIM = 3, 30, 2048, 16
 OPTIMIZERS = {"sgd": ("SGD", 0.01), "adagrad": ("Adagrad", 0.01), "rowwise_adagrad": ("RowWiseAdagrad", 0.01)}
 TORCHREC = {"sgd": "sgd", "adagrad": "adagrad", "rowwise_adagrad": "adagrad"}  # the peer's dense optimizer
@@ -97,17 +99,19 @@ def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = Fal
     times = []
     for i in range(len(batches)):
         if i == WARM:
-            cpu, wall = time.process_time(), time.perf_counter()
+            cpu, wall, faults = time.process_time(), time.perf_counter(), page_faults()
         start = time.perf_counter()
         features, labels = next(feed)
         float(step(features, labels))
         if i >= WARM:
             times.append(time.perf_counter() - start)
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)
+    faults = (page_faults() - faults) / len(times)
     changed = int(np.any(model.embedding.embedding_variable.numpy()[:len(before)] != before, axis=1).sum())
     rates = [BATCH / t for t in times]
     result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
-              "max_samples_per_s": max(rates), "cpu_busy": busy, "table_rows_changed": changed}
+              "max_samples_per_s": max(rates), "cpu_busy": busy, "table_rows_changed": changed,
+              "page_faults_per_step": faults}
     if profile:
         from benchmarks._tables import profile_ops
 

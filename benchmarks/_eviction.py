@@ -35,6 +35,7 @@ import statistics
 from typing import Any
 
 from benchmarks import _tables
+from benchmarks._bench import page_faults
 
 DRIFT = 100  # Zipf ranks shifted per step in every table: the ~400 ids a table draws every step turn over in 4
 STEPS = 36  # timed steps; `fill` = 2/3 of them before
@@ -117,8 +118,9 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
     # every row's mark (and key), tens of MiB that would push the next step's rows out of the caches.
     _tables.timed(step, data[:fill])
     count()
-    size_before = table.size
+    size_before, faults = table.size, page_faults()
     times = _tables.timed(step, data[fill:fill + steps], after=count)
+    faults = (page_faults() - faults) / steps
     evicted = [b[0] - a[0] for a, b in zip(counters, counters[1:])]
     placed = (table.size - size_before + sum(evicted)) / steps  # rows given to new keys, a step
     evicting = [t for t, e in zip(times, evicted) if e]
@@ -130,7 +132,7 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
               "ms_evicting_step": statistics.median(evicting) * 1e3 if evicting else None,
               "ms_other_step": statistics.median(other) * 1e3 if other else None,
               "unplaced_per_step": (counters[-1][1] - counters[0][1]) / steps,
-              "index_bytes_per_row": table.index_bytes_per_row}
+              "index_bytes_per_row": table.index_bytes_per_row, "page_faults_per_step": faults}
     if profile:
         ops = _tables.profile_ops(step, data[fill + steps:], top=40)
         count()

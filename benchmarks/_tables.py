@@ -28,6 +28,8 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks._bench import page_faults
+
 NT, DIM, BATCH = 26, 16, 8192
 ROWS_PER_TABLE = 10_000_000 // NT
 WARM, STEPS = 3, 20
@@ -80,12 +82,14 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
         feed = tf.data.Dataset.from_tensor_slices((tf.stack([k for k, _ in data]), tf.stack([y for _, y in data])))
         feed = iter(feed.map(unique_keys if table.startswith("static") else lookup_ahead(embedding)).prefetch(2))
     timed(step, feed, WARM)
-    cpu, wall = time.process_time(), time.perf_counter()
+    cpu, wall, faults = time.process_time(), time.perf_counter(), page_faults()
     times = timed(step, feed, steps)
     busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # every thread of the process
+    faults = (page_faults() - faults) / steps
     rates = [BATCH / t for t in times]
     result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
-              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size, "cpu_busy": busy}
+              "max_samples_per_s": max(rates), "rows_in_use": embedding.table.size, "cpu_busy": busy,
+              "page_faults_per_step": faults}
     if profile:
         result["profile_ms"] = profile_ops(step, [next(feed) for _ in range(4)])
     return result

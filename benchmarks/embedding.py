@@ -63,6 +63,13 @@ Group ``keras_rs`` (``benchmarks/_keras_rs.py``): 26 features, batch 8192, table
 (Keras' Adam, dense); samples/s and the ratio (goals: 3x at 100k rows, 10x at 400k);
 ``embedding_keras_rs.json``.
 
+Group ``heap``: seven cases above (static SGD, Adagrad, row-wise Adagrad and LazyAdam and dynamic
+SGD on the torchrec_shape workload, the roomy and the full LRU table of the eviction group), each
+with malloc's thresholds as glibc has them (``SOK_TUTORIAL_HEAP_REUSE=0``) and as the library sets
+them (`sok_tutorial.embedding.heap_reuse`: a step's freed temporaries stay in the process),
+interleaved; samples/s, the ratio and page faults per step; with ``--torchrec`` TorchRec's cases
+as they come and with the same thresholds (``GLIBC_TUNABLES``); ``embedding_heap.json``.
+
 Group ``hugepages``: four cases above (static SGD and LazyAdam on the torchrec_shape workload,
 the roomy and the full LRU table of the eviction group), each run three ways, interleaved: with
 the tables' own huge pages off (``SOK_TUTORIAL_HUGE_PAGES=0``), as installed (the library puts
@@ -73,7 +80,7 @@ huge pages at the end of each run; ``embedding_hugepages.json``.
 
     python benchmarks/embedding.py [--quick]
                                    [--group all|sok_vs_keras|torchrec_shape|index|eviction|memory|precision
-                                            |keras_rs|dlrm|hugepages, or several with commas]
+                                            |keras_rs|dlrm|hugepages|heap, or several with commas]
                                    [--steps N] [--repeat 3] [--out build/bench] [--hugepages]
 """
 from __future__ import annotations
@@ -99,10 +106,18 @@ CASES = ["sok_lazyadam", "keras_embedding_adam", "tf_sparse_lookup", "group_look
 TABLE_KINDS = ("static", "static_pipeline", "dynamic", "dynamic_warm",  # _tables.train says what each is
                "dynamic_pipeline", "dynamic_warm_pipeline")
 GROUPS = ("sok_vs_keras", "torchrec_shape", "index", "eviction", "memory", "precision", "keras_rs", "dlrm",
-          "hugepages")
+          "hugepages", "heap")
 HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # glibc >= 2.35: madvise(MADV_HUGEPAGE) on large blocks
 # the hugepages group's settings: the tables' own advice off, as installed (on), and glibc's on every large block too
 HUGE_PAGE_SETTINGS = {"off": {"SOK_TUTORIAL_HUGE_PAGES": "0"}, "tables": {}, "glibc": HUGE_PAGES}
+# the heap group's settings: malloc's thresholds as glibc has them, and as the library sets them
+# (`sok_tutorial.embedding.heap_reuse`); HEAP_TUNABLES are the same two for a process that does not import it
+HEAP_SETTINGS = {"off": {"SOK_TUTORIAL_HEAP_REUSE": "0"}, "on": {}}
+HEAP_TUNABLES = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"}
+HEAP_CASES = {**{f"torchrec_shape:static:{o}": "samples_per_s"
+                 for o in ("sgd", "adagrad", "rowwise_adagrad", "lazyadam")},
+              "torchrec_shape:dynamic:sgd": "samples_per_s", "eviction:roomy": "samples_per_s_amortized",
+              "eviction:lru_full": "samples_per_s_amortized"}
 HUGE_PAGE_CASES = {"torchrec_shape:static:sgd": "samples_per_s", "torchrec_shape:static:lazyadam": "samples_per_s",
                    "eviction:roomy": "samples_per_s_amortized", "eviction:lru_full": "samples_per_s_amortized"}
 
@@ -237,11 +252,13 @@ PEER_CASES = {"torchrec: FusedEmbeddingBagCollection (FBGEMM TBE CPU) + fused sg
               "plain: 26x nn.EmbeddingBag(sparse=True) + sparseadam": "pytorch_sparseadam"}
 
 
-def run_peer(python: str, peers: str, huge_pages: bool = False) -> dict[str, float]:
+def run_peer(python: str, peers: str, huge_pages: bool = False, env: dict[str, str] | None = None) -> dict[str, float]:
     """TorchRec's fused CPU kernels and plain PyTorch on the same workload: {case: samples/s}
-    (`huge_pages`: with PyTorch's own switch for huge pages in its CPU allocator, and glibc's)."""
+    (`huge_pages`: with PyTorch's own switch for huge pages in its CPU allocator, and glibc's;
+    `env`: more environment)."""
     script = Path(peers) / "bench_torchrec.py"
-    env = {**os.environ, **HUGE_PAGES, "THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else None
+    more = {**({**HUGE_PAGES, "THP_MEM_ALLOC_ENABLE": "1"} if huge_pages else {}), **(env or {})}
+    env = {**os.environ, **more} if more else None
     out = subprocess.run([python, str(script), "fused_sgd", "fused_adagrad", "fused_rowwise_adagrad", "plain"],
                          capture_output=True, text=True, cwd=str(script.parent), env=env)
     results = {}
@@ -386,6 +403,41 @@ def main() -> None:
         dlrm(args, run)
     if "hugepages" in groups:
         hugepages(args, run)
+    if "heap" in groups:
+        heap(args, run)
+
+
+def heap(args: Any, run: Any) -> None:
+    """The heap group: the same cases with malloc's thresholds as glibc has them and as the library
+    sets them (`sok_tutorial.embedding.heap_reuse`), interleaved; samples/s and page faults per
+    step. With ``--torchrec``, TorchRec's cases too, as they come and with the same two thresholds
+    set through ``GLIBC_TUNABLES``."""
+    results: dict[tuple[str, str], list[dict]] = {}
+    peers: dict[str, dict[str, list[float]]] = {}
+    for _ in range(1 if args.quick else args.repeat):
+        for case in HEAP_CASES:
+            quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
+            for setting, env in HEAP_SETTINGS.items():
+                results.setdefault((case, setting), []).append(run(case, 0, quick if args.quick else full, "", env))
+        if args.torchrec:
+            for setting, env in (("off", {}), ("on", HEAP_TUNABLES)):
+                for name, sps in run_peer(args.torchrec, args.peers, env=env).items():
+                    peers.setdefault(name, {}).setdefault(setting, []).append(sps)
+    rows = []
+    for case, key in HEAP_CASES.items():
+        rate = {s: _bench.median([r[key] for r in results[(case, s)]]) for s in HEAP_SETTINGS}
+        faults = {s: _bench.median([r["page_faults_per_step"] for r in results[(case, s)]]) for s in HEAP_SETTINGS}
+        rows.append({"case": case, "samples_per_s_off": round(rate["off"]), "samples_per_s": round(rate["on"]),
+                     "ratio": round(rate["on"] / rate["off"], 3), "page_faults_per_step_off": round(faults["off"]),
+                     "page_faults_per_step": round(faults["on"])})
+    for name, by in peers.items():
+        off, on = _bench.median(by["off"]), _bench.median(by["on"])
+        rows.append({"case": f"peer:{name}", "samples_per_s_off": round(off), "samples_per_s": round(on),
+                     "ratio": round(on / off, 3)})
+    _bench.report("embedding_heap", rows, args.out,
+                  notes={"settings": {s: " ".join(f"{k}={v}" for k, v in env.items()) or "(as installed)"
+                                      for s, env in HEAP_SETTINGS.items()},
+                         "peer_on": " ".join(f"{k}={v}" for k, v in HEAP_TUNABLES.items())})
 
 
 def hugepages(args: Any, run: Any) -> None:

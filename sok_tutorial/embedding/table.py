@@ -44,7 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from kernels import checks
-from sok_tutorial.embedding import huge_pages, lifecycle
+from sok_tutorial.embedding import heap_reuse, huge_pages, lifecycle
 from sok_tutorial.embedding import index as key_index
 from sok_tutorial.embedding.initializers import KeyedInitializer, init_spec, keyed_initial_values
 from sok_tutorial.embedding.lifecycle_state import LifecycleState
@@ -190,6 +190,7 @@ class EmbeddingTable(KeysToVectors, RowsByKey, RowsAhead, keras.layers.Layer):
                 fresh = True
         if fresh and behind:  # the TensorFlow variables are new: no step has updated them yet
             huge_pages.advise(self.weights)
+            heap_reuse.keep_freed_memory()  # (once per process: the steps' temporaries stay in malloc's heaps)
 
     def _initializer(self) -> KeyedInitializer:
         return KeyedInitializer(self.init.kind, self.init.a, self.init.b, self.init.seed, dynamic=self.indexed)

@@ -1,0 +1,66 @@
+"""A step's temporaries reused from one step to the next: glibc's malloc told to keep freed blocks.
+
+Every training step allocates the same large temporaries again: the rows it gathers (a step of
+the torchrec_shape workload gathers 213k rows of 16 floats, 13.6 MB), their gradients, the
+deduplicated keys, the reads of the key index. TensorFlow's CPU allocator takes them from the C
+library's ``malloc``, and glibc's defaults suit a program that allocates once, not one that
+allocates the same tens of MB every few milliseconds: a block from 128 KiB up (a threshold that
+rises with the blocks freed, up to 32 MiB) is a memory mapping of its own, given back to the
+kernel by ``free``, and free memory at the top of a heap beyond 128 KiB is given back too. The
+next step then asks the kernel for the same memory again and touches it in page by page: a
+page fault, and a 4 KiB page zeroed, for every page of every large temporary, every step.
+
+`keep_freed_memory` sets, once per process, ``M_MMAP_THRESHOLD`` to `MMAP_THRESHOLD` (32 MiB)
+and ``M_TRIM_THRESHOLD`` to `TRIM_THRESHOLD` (1 GiB), through ``mallopt``: blocks under 32 MiB
+come from malloc's heaps, and a freed one stays there for the next step to take. The process
+then holds on to about the most its steps had allocated at once (its peak, which the next step
+needs again) instead of returning it; blocks of 32 MiB and more (a table, an export) are
+mappings of their own as before. It is what the allocators that recommender training is usually
+run under (jemalloc, tcmalloc) do by design.
+
+A table calls it when it is first looked up (`sok_tutorial.embedding.table.EmbeddingTable`).
+It changes only where memory comes from, never what a step computes; it applies to the blocks
+allocated after the call, by every thread of the process. ``SOK_TUTORIAL_HEAP_REUSE=0`` in the
+environment turns it off; a C library other than glibc (macOS, musl) is left alone.
+``benchmarks/embedding.py --group heap`` measures it: samples/s and page faults, on and off.
+
+Example:
+    >>> keep_freed_memory() in (True, False)  # True where glibc took the settings
+    True
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+
+MMAP_THRESHOLD = 32 << 20  # blocks below this come from malloc's heaps (glibc's cap for its own dynamic threshold)
+TRIM_THRESHOLD = 1 << 30  # free memory a heap keeps at its top before giving it back
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+_done: list[bool] = []  # the outcome of the one call that made the settings
+
+
+def enabled() -> bool:
+    """Whether this process may change malloc's settings: glibc, and ``SOK_TUTORIAL_HEAP_REUSE`` not
+    ``0``."""
+    return (os.environ.get("SOK_TUTORIAL_HEAP_REUSE", "1") != "0" and sys.platform == "linux"
+            and platform.libc_ver()[0] == "glibc")
+
+
+def keep_freed_memory() -> bool:
+    """Set malloc's thresholds (module docstring) once per process; returns whether they are set.
+    Later calls return the first call's outcome and change nothing."""
+    if _done:
+        return _done[0]
+    ok = False
+    if enabled():
+        try:
+            mallopt = ctypes.CDLL(None).mallopt
+        except (OSError, AttributeError):
+            mallopt = None
+        if mallopt is not None:
+            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+            ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    _done.append(ok)
+    return ok
