@@ -6,13 +6,17 @@ deduplicated keys, the reads of the key index. TensorFlow's CPU allocator takes 
 library's ``malloc``, and glibc's defaults suit a program that allocates once, not one that
 allocates the same tens of MB every few milliseconds: a block from 128 KiB up (a threshold that
 rises with the blocks freed, up to 32 MiB) is a memory mapping of its own, given back to the
-kernel by ``free``, and free memory at the top of a heap beyond 128 KiB is given back too. The
+kernel by ``free``, and free memory at the top of a heap beyond 128 KiB is given back too; a
+thread's heap (TensorFlow's ops run on threads of their own, each with its own malloc arena of
+64 MiB heaps) that a large block had to be added for is given back whole once it is free. The
 next step then asks the kernel for the same memory again and touches it in page by page: a
 page fault, and a 4 KiB page zeroed, for every page of every large temporary, every step.
 
-`keep_freed_memory` sets, once per process, ``M_MMAP_THRESHOLD`` to `MMAP_THRESHOLD` (32 MiB)
-and ``M_TRIM_THRESHOLD`` to `TRIM_THRESHOLD` (1 GiB), through ``mallopt``: blocks under 32 MiB
-come from malloc's heaps, and a freed one stays there for the next step to take. The process
+`keep_freed_memory` sets, once per process, through ``mallopt``: ``M_MMAP_THRESHOLD`` to
+`MMAP_THRESHOLD` (32 MiB), ``M_TRIM_THRESHOLD`` to `TRIM_THRESHOLD` (1 GiB) and ``M_TOP_PAD``
+to `TOP_PAD` (64 MiB, the padding a heap keeps when trimmed, which also keeps a thread's free
+heap from being given back). Blocks under 32 MiB then come from malloc's heaps, and a freed one
+stays there for the next step to take. The process
 then holds on to about the most its steps had allocated at once (its peak, which the next step
 needs again) instead of returning it; blocks of 32 MiB and more (a table, an export) are
 mappings of their own as before. It is what the allocators that recommender training is usually
@@ -37,7 +41,8 @@ import sys
 
 MMAP_THRESHOLD = 32 << 20  # blocks below this come from malloc's heaps (glibc's cap for its own dynamic threshold)
 TRIM_THRESHOLD = 1 << 30  # free memory a heap keeps at its top before giving it back
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+TOP_PAD = 64 << 20  # free memory a trimmed heap keeps: one thread heap's worth
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3  # mallopt's parameter numbers (malloc.h)
 _done: list[bool] = []  # the outcome of the one call that made the settings
 
 
@@ -61,6 +66,7 @@ def keep_freed_memory() -> bool:
             mallopt = None
         if mallopt is not None:
             mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-            ok = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            ok = all([mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD), mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                      mallopt(_M_TOP_PAD, TOP_PAD)])
     _done.append(ok)
     return ok
