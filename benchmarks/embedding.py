@@ -111,9 +111,10 @@ HUGE_PAGES = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # glibc >= 2.35: madv
 # the hugepages group's settings: the tables' own advice off, as installed (on), and glibc's on every large block too
 HUGE_PAGE_SETTINGS = {"off": {"SOK_TUTORIAL_HUGE_PAGES": "0"}, "tables": {}, "glibc": HUGE_PAGES}
 # the heap group's settings: malloc's thresholds as glibc has them, and as the library sets them
-# (`sok_tutorial.embedding.heap_reuse`); HEAP_TUNABLES are the same two for a process that does not import it
+# (`sok_tutorial.embedding.heap_reuse`); HEAP_TUNABLES are the same three for a process that does not import it
 HEAP_SETTINGS = {"off": {"SOK_TUTORIAL_HEAP_REUSE": "0"}, "on": {}}
-HEAP_TUNABLES = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"}
+HEAP_TUNABLES = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=1073741824"
+                                   ":glibc.malloc.top_pad=67108864"}
 HEAP_CASES = {**{f"torchrec_shape:static:{o}": "samples_per_s"
                  for o in ("sgd", "adagrad", "rowwise_adagrad", "lazyadam")},
               "torchrec_shape:dynamic:sgd": "samples_per_s", "eviction:roomy": "samples_per_s_amortized",
@@ -410,8 +411,8 @@ def main() -> None:
 def heap(args: Any, run: Any) -> None:
     """The heap group: the same cases with malloc's thresholds as glibc has them and as the library
     sets them (`sok_tutorial.embedding.heap_reuse`), interleaved; samples/s and page faults per
-    step. With ``--torchrec``, TorchRec's cases too, as they come and with the same two thresholds
-    set through ``GLIBC_TUNABLES``."""
+    step. With ``--torchrec``, TorchRec's cases too, as they come and with the same three settings
+    made through ``GLIBC_TUNABLES``."""
     results: dict[tuple[str, str], list[dict]] = {}
     peers: dict[str, dict[str, list[float]]] = {}
     for _ in range(1 if args.quick else args.repeat):

@@ -16,11 +16,11 @@ page fault, and a 4 KiB page zeroed, for every page of every large temporary, ev
 `MMAP_THRESHOLD` (32 MiB), ``M_TRIM_THRESHOLD`` to `TRIM_THRESHOLD` (1 GiB) and ``M_TOP_PAD``
 to `TOP_PAD` (64 MiB, the padding a heap keeps when trimmed, which also keeps a thread's free
 heap from being given back). Blocks under 32 MiB then come from malloc's heaps, and a freed one
-stays there for the next step to take. The process
-then holds on to about the most its steps had allocated at once (its peak, which the next step
-needs again) instead of returning it; blocks of 32 MiB and more (a table, an export) are
-mappings of their own as before. It is what the allocators that recommender training is usually
-run under (jemalloc, tcmalloc) do by design.
+stays there for the next step to take. The process then holds on to about the most its steps
+had allocated at once (its peak, which the next step needs again) instead of returning it;
+blocks of 32 MiB and more (a table, an export) are mappings of their own as before. Allocators
+such as jemalloc and tcmalloc, which recommender training is often run under, keep freed memory
+for the next allocation by design.
 
 A table calls it when it is first looked up (`sok_tutorial.embedding.table.EmbeddingTable`).
 It changes only where memory comes from, never what a step computes; it applies to the blocks
@@ -29,7 +29,8 @@ environment turns it off; a C library other than glibc (macOS, musl) is left alo
 ``benchmarks/embedding.py --group heap`` measures it: samples/s and page faults, on and off.
 
 Example:
-    >>> keep_freed_memory() in (True, False)  # True where glibc took the settings
+    >>> first = keep_freed_memory()  # True where glibc took the settings
+    >>> keep_freed_memory() is first  # once per process: later calls change nothing
     True
 """
 from __future__ import annotations
