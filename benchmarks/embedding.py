@@ -408,6 +408,21 @@ def main() -> None:
         heap(args, run)
 
 
+def settings_round(args: Any, run: Any, cases: dict[str, str], settings: dict[str, dict[str, str]],
+                   results: dict[tuple[str, str], list[dict]]) -> None:
+    """One round of a group that runs each of `cases` under each environment of `settings` in
+    turn (hugepages, heap): each run appended to ``results[(case, setting)]``."""
+    for case in cases:
+        quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
+        for setting, env in settings.items():
+            results.setdefault((case, setting), []).append(run(case, 0, quick if args.quick else full, "", env))
+
+
+def env_text(env: dict[str, str]) -> str:
+    """A setting's environment as the JSON's notes give it: ``NAME=value ...``, or "(as installed)"."""
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "(as installed)"
+
+
 def heap(args: Any, run: Any) -> None:
     """The heap group: the same cases with malloc's thresholds as glibc has them and as the library
     sets them (`sok_tutorial.embedding.heap_reuse`), interleaved; samples/s and page faults per
@@ -416,10 +431,7 @@ def heap(args: Any, run: Any) -> None:
     results: dict[tuple[str, str], list[dict]] = {}
     peers: dict[str, dict[str, list[float]]] = {}
     for _ in range(1 if args.quick else args.repeat):
-        for case in HEAP_CASES:
-            quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
-            for setting, env in HEAP_SETTINGS.items():
-                results.setdefault((case, setting), []).append(run(case, 0, quick if args.quick else full, "", env))
+        settings_round(args, run, HEAP_CASES, HEAP_SETTINGS, results)
         if args.torchrec:
             for setting, env in (("off", {}), ("on", HEAP_TUNABLES)):
                 for name, sps in run_peer(args.torchrec, args.peers, env=env).items():
@@ -436,9 +448,8 @@ def heap(args: Any, run: Any) -> None:
         rows.append({"case": f"peer:{name}", "samples_per_s_off": round(off), "samples_per_s": round(on),
                      "ratio": round(on / off, 3)})
     _bench.report("embedding_heap", rows, args.out,
-                  notes={"settings": {s: " ".join(f"{k}={v}" for k, v in env.items()) or "(as installed)"
-                                      for s, env in HEAP_SETTINGS.items()},
-                         "peer_on": " ".join(f"{k}={v}" for k, v in HEAP_TUNABLES.items())})
+                  notes={"settings": {s: env_text(env) for s, env in HEAP_SETTINGS.items()},
+                         "peer_on": env_text(HEAP_TUNABLES)})
 
 
 def hugepages(args: Any, run: Any) -> None:
@@ -447,10 +458,7 @@ def hugepages(args: Any, run: Any) -> None:
     advice on every large allocation besides, interleaved."""
     results: dict[tuple[str, str], list[dict]] = {}
     for _ in range(1 if args.quick else args.repeat):
-        for case in HUGE_PAGE_CASES:
-            quick, full = (8, _tables.STEPS) if case.startswith("torchrec") else (12, _eviction.STEPS)
-            for setting, env in HUGE_PAGE_SETTINGS.items():
-                results.setdefault((case, setting), []).append(run(case, 0, quick if args.quick else full, "", env))
+        settings_round(args, run, HUGE_PAGE_CASES, HUGE_PAGE_SETTINGS, results)
     rows = []
     for case, key in HUGE_PAGE_CASES.items():
         rate = {s: _bench.median([r[key] for r in results[(case, s)]]) for s in HUGE_PAGE_SETTINGS}
@@ -464,8 +472,7 @@ def hugepages(args: Any, run: Any) -> None:
     except OSError:
         thp = "unknown"
     _bench.report("embedding_hugepages", rows, args.out,
-                  notes={"settings": {s: " ".join(f"{k}={v}" for k, v in env.items()) or "(as installed)"
-                                      for s, env in HUGE_PAGE_SETTINGS.items()}, "thp": thp})
+                  notes={"settings": {s: env_text(env) for s, env in HUGE_PAGE_SETTINGS.items()}, "thp": thp})
 
 
 def sok_vs_keras(args: Any, run: Any) -> None:
