@@ -28,9 +28,9 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0
 # `setup` says, then, ROUNDS times after a first round, allocates and fills six 12 MiB blocks and
 # frees them on a thread of its own (`thread`; else on the main thread), as an op's thread does a
 # step's temporaries, and prints what the settings call returned and the page faults of those
-# rounds. (glibc's own dynamic threshold
-# keeps one freed block of this size; six at once exceed the trim threshold it sets beside it and
-# one 64 MiB heap of the thread's arena, and without the settings go back to the kernel.)
+# rounds. (glibc's own dynamic threshold keeps one freed block of this size; six at once exceed the
+# trim threshold it sets beside it and one 64 MiB heap of the thread's arena, and without the
+# settings go back to the kernel.)
 _PROBE = textwrap.dedent("""
     import ctypes, json, resource, sys, threading
     sys.path.insert(0, {root!r})
