@@ -26,6 +26,8 @@ _NAMES: dict[str, str] = {
     "make_strategy": "sok_tutorial.distribute",
     "resolve_device": "sok_tutorial.distribute",
     "cpu_threads": "sok_tutorial.distribute",
+    "use_onednn": "sok_tutorial.onednn",
+    "onednn_enabled": "sok_tutorial.onednn",
     "rows_per_replica": "sok_tutorial.embedding",
     "plan_table_wise": "sok_tutorial.embedding",
     "column_slices": "sok_tutorial.embedding",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 NOTEBOOK = "05-dlrm-native-vs-accelerated"
@@ -15,6 +16,8 @@ def check_05(m: dict[str, Any], p: dict[str, Any]) -> None:
         assert m["cpu_threads"]["intra_op"] == 1 and m["cpu_threads"]["inter_op"] >= 1
     else:
         assert m["cpu_threads"] is None
+    if platform.machine() in ("x86_64", "AMD64"):  # chosen before TensorFlow loads (x86 wheels carry oneDNN)
+        assert m["onednn"] is p.get("ONEDNN", True)
     every = max(1, p["STEPS"] // p["EVALS"])  # the learning curves: an AUC every `every` steps and at the end
     for name, curve in m["val_auc_curves"].items():
         steps = [step for step, _ in curve]
