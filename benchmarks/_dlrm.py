@@ -13,7 +13,11 @@ our `RowWiseAdagrad` treats non-table variables). TorchRec runs as ``dmp``
 (DistributedModelParallel, table-wise fused FBGEMM kernels, optimizer applied in backward) and
 ``fused`` (a FusedEmbeddingBagCollection). Ours is `sok_tutorial.models.DLRM` (one static table
 over the 26 features; the interaction and top MLP in slices of 512 examples, its CPU default), the
-step `sok_tutorial.training.make_sok_step` builds.
+step `sok_tutorial.training.make_sok_step` builds, in four configurations (`CASE_SUFFIX`); the
+last, ``ours_onednn``, is notebook 05's: one thread per op, two ops at once, and TensorFlow's
+oneDNN kernels for the matmuls and transposes (``TF_ENABLE_ONEDNN_OPTS=1``, `CASE_ENV`), which
+TensorFlow turns on by itself only on CPUs with AVX-512. PyTorch runs its matmuls on oneDNN and
+MKL as it comes.
 """
 from __future__ import annotations
 
@@ -111,7 +115,7 @@ def train(optimizer: str, data: str, profile: bool = False, pipeline: bool = Fal
     rates = [BATCH / t for t in times]
     result = {"samples_per_s": statistics.median(rates), "min_samples_per_s": min(rates),
               "max_samples_per_s": max(rates), "cpu_busy": busy, "table_rows_changed": changed,
-              "page_faults_per_step": faults}
+              "page_faults_per_step": faults, "onednn": sok.onednn_enabled()}
     if profile:
         from benchmarks._tables import profile_ops
 
@@ -138,8 +142,11 @@ def run_peer(python: str, peers: str, impl: str, optimizer: str, data: str) -> d
 
 #: our systems and the suffix of their benchmark case: keys deduplicated in the step (``ours``), ahead
 #: in the input pipeline (``ours_pipeline``), or in the step with one thread per op and two ops at once
-#: (``ours_cpu_threads``; `train`)
-CASE_SUFFIX = {"ours": "", "ours_pipeline": ":pipeline", "ours_cpu_threads": ":cpu_threads"}
+#: (``ours_cpu_threads``; `train`), that with TensorFlow's oneDNN kernels on (``ours_onednn``, `CASE_ENV`)
+CASE_SUFFIX = {"ours": "", "ours_pipeline": ":pipeline", "ours_cpu_threads": ":cpu_threads",
+               "ours_onednn": ":cpu_threads"}
+#: the environment of a system's child process beside the benchmark's own (read when TensorFlow is imported)
+CASE_ENV = {"ours_onednn": {"TF_ENABLE_ONEDNN_OPTS": "1"}}
 OURS = tuple(CASE_SUFFIX)
 
 
@@ -154,7 +161,8 @@ def report(ours: dict[tuple[str, str], list[dict]],
             runs = ours[(system, optimizer)]
             sps[system] = statistics.median([r["samples_per_s"] for r in runs])
             rows.append({"system": system, "optimizer": optimizer, "samples_per_s": round(sps[system]),
-                         "cpu_busy": round(statistics.median([r["cpu_busy"] for r in runs]), 2)})
+                         "cpu_busy": round(statistics.median([r["cpu_busy"] for r in runs]), 2),
+                         "onednn": all(r.get("onednn") for r in runs)})
         for impl in ("dmp", "fused"):
             theirs = peers.get((impl, optimizer))
             if not theirs:

@@ -566,18 +566,29 @@ def dlrm(args: Any, run: Any) -> None:
         for optimizer in _dlrm.OPTIMIZERS:
             for system in _dlrm.OURS:
                 ours.setdefault((system, optimizer), []).append(
-                    run(f"dlrm:{optimizer}:{data}{_dlrm.CASE_SUFFIX[system]}", 0, 0, ""))
+                    run(f"dlrm:{optimizer}:{data}{_dlrm.CASE_SUFFIX[system]}", 0, 0, "", env=dlrm_env(args, system)))
             if args.torchrec:
                 for impl in ("dmp", "fused"):
                     peers.setdefault((impl, optimizer), []).append(
                         _dlrm.run_peer(args.torchrec, args.peers, impl, optimizer, data))
     rows, notes = _dlrm.report(ours, peers)
+    notes["case_env"] = {s: env_text(e) for s, e in _dlrm.CASE_ENV.items()}
     notes["profile_ms_per_step_sgd"] = run(f"dlrm:sgd:{data}:profile", 0, 0, "")["profile_ms"]
+    notes["profile_ms_per_step_sgd_onednn"] = run(f"dlrm:sgd:{data}:profile", 0, 0, "",
+                                                  env=dlrm_env(args, "ours_onednn"))["profile_ms"]
     _bench.report("embedding_dlrm", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
-    print("top ops, dlrm sgd (ms of CPU per step): "
-          + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in notes["profile_ms_per_step_sgd"][:8]))
+    for key in ("profile_ms_per_step_sgd", "profile_ms_per_step_sgd_onednn"):
+        print(f"top ops, {key[8:]} (ms of CPU per step): "
+              + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in notes[key][:8]))
+
+
+def dlrm_env(args: Any, system: str) -> dict[str, str] | None:
+    """The child environment of one of our dlrm `system`s: its `_dlrm.CASE_ENV` over the huge-page
+    settings of ``--hugepages``; None (the benchmark's own) where it has neither."""
+    extra = _dlrm.CASE_ENV.get(system, {})
+    return {**(HUGE_PAGES if args.hugepages else {}), **extra} if extra else None
 
 
 def keras_rs(args: Any, run: Any) -> None:
