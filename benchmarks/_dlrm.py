@@ -16,8 +16,8 @@ over the 26 features; the interaction and top MLP in slices of 512 examples, its
 step `sok_tutorial.training.make_sok_step` builds, in four configurations (`CASE_SUFFIX`); the
 last, ``ours_onednn``, is notebook 05's: one thread per op, two ops at once, and TensorFlow's
 oneDNN kernels for the matmuls and transposes (``TF_ENABLE_ONEDNN_OPTS=1``, `CASE_ENV`), which
-TensorFlow turns on by itself only on CPUs with AVX-512. PyTorch runs its matmuls on oneDNN and
-MKL as it comes.
+TensorFlow turns on by itself only on CPUs with AVX-512's neural-network instructions. PyTorch
+runs its matmuls on oneDNN and MKL as it comes.
 """
 from __future__ import annotations
 

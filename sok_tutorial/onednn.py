@@ -2,8 +2,9 @@
 
 TensorFlow's x86 wheels carry two sets of CPU kernels for matmuls, batched matmuls, transposes
 and a few element-wise ops: Eigen's and oneDNN's (``_MklMatMul``, ``_MklTranspose``... in a
-profile). TensorFlow turns oneDNN on by itself only on CPUs with AVX-512 (and leaves it off
-elsewhere, an AMD EPYC of the Zen 3 family for one); ``TF_ENABLE_ONEDNN_OPTS`` overrides that
+profile). TensorFlow turns oneDNN on by itself only on CPUs with AVX-512's neural-network
+instructions (AVX512_VNNI, AVX512_BF16, AMX; its 2.9 release notes) and leaves it off elsewhere (an
+AMD EPYC of the Zen 3 family, for one); ``TF_ENABLE_ONEDNN_OPTS`` overrides that
 choice, and TensorFlow reads it once, when it is imported. A DLRM step is mostly such ops (the
 top MLP's matmuls, the interaction's batched matmuls and transposes), so the choice matters to
 it: ``benchmarks/embedding.py --group dlrm`` runs it both ways (``ours_cpu_threads`` and

@@ -25,13 +25,13 @@ PROBE = textwrap.dedent("""
     except ValueError as exc:
         out["bad_input"] = str(exc)
     out["env_after_bad_input"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
-    sok.use_onednn(ENABLE)
+    sok.use_onednn(CHOICE)
     import tensorflow as tf
     out["enabled"] = sok.onednn_enabled()
-    sok.use_onednn(ENABLE)  # what it has: nothing to do
-    out["env_before_refusal"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
+    sok.use_onednn(CHOICE)  # what it has: nothing to do
+    out["env_before_refusal"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")  # as use_onednn set it
     try:
-        sok.use_onednn(not ENABLE)
+        sok.use_onednn(not CHOICE)
     except RuntimeError as exc:
         out["refused"] = str(exc)
     out["env_after_refusal"] = os.environ.get("TF_ENABLE_ONEDNN_OPTS")
@@ -41,7 +41,7 @@ PROBE = textwrap.dedent("""
 
 def probe(enable: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
-    out = subprocess.run([sys.executable, "-c", PROBE.replace("ENABLE", str(enable))], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", PROBE.replace("CHOICE", str(enable))], capture_output=True, text=True,
                          cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, timeout=300)
     line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert out.returncode == 0 and line, out.stderr[-3000:]
@@ -57,4 +57,4 @@ def test_the_choice_reaches_tensorflow_and_the_other_is_refused_once_it_is_loade
         pytest.skip("oneDNN's switch is checked on x86 wheels")
     assert got["enabled"] is enable
     assert f"already imported with oneDNN {'on' if enable else 'off'}" in got["refused"]
-    assert got["env_after_refusal"] == got["env_before_refusal"]
+    assert got["env_before_refusal"] == got["env_after_refusal"] == ("1" if enable else "0")
