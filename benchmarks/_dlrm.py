@@ -162,7 +162,7 @@ def report(ours: dict[tuple[str, str], list[dict]],
             sps[system] = statistics.median([r["samples_per_s"] for r in runs])
             rows.append({"system": system, "optimizer": optimizer, "samples_per_s": round(sps[system]),
                          "cpu_busy": round(statistics.median([r["cpu_busy"] for r in runs]), 2),
-                         "onednn": all(r.get("onednn") for r in runs)})
+                         "onednn": all(r["onednn"] for r in runs)})
         for impl in ("dmp", "fused"):
             theirs = peers.get((impl, optimizer))
             if not theirs:

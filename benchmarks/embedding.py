@@ -579,16 +579,15 @@ def dlrm(args: Any, run: Any) -> None:
     _bench.report("embedding_dlrm", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['measured'] >= g['goal'] else 'NOT met'}")
-    for key in ("profile_ms_per_step_sgd", "profile_ms_per_step_sgd_onednn"):
-        print(f"top ops, {key[8:]} (ms of CPU per step): "
+    for label, key in (("dlrm sgd", "profile_ms_per_step_sgd"), ("dlrm sgd, oneDNN", "profile_ms_per_step_sgd_onednn")):
+        print(f"top ops, {label} (ms of CPU per step): "
               + ", ".join(f"{o['phase']}/{o['op']} {o['ms']}" for o in notes[key][:8]))
 
 
-def dlrm_env(args: Any, system: str) -> dict[str, str] | None:
+def dlrm_env(args: Any, system: str) -> dict[str, str]:
     """The child environment of one of our dlrm `system`s: its `_dlrm.CASE_ENV` over the huge-page
-    settings of ``--hugepages``; None (the benchmark's own) where it has neither."""
-    extra = _dlrm.CASE_ENV.get(system, {})
-    return {**(HUGE_PAGES if args.hugepages else {}), **extra} if extra else None
+    settings of ``--hugepages`` (empty: the benchmark's own)."""
+    return {**(HUGE_PAGES if args.hugepages else {}), **_dlrm.CASE_ENV.get(system, {})}
 
 
 def keras_rs(args: Any, run: Any) -> None:

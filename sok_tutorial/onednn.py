@@ -40,8 +40,7 @@ def onednn_enabled() -> bool:
         >>> onednn_enabled() in (True, False)
         True
     """
-    import tensorflow  # noqa: F401  (the switch below is set while TensorFlow loads)
-    from tensorflow.python.util import _pywrap_util_port
+    from tensorflow.python.util import _pywrap_util_port  # (loads TensorFlow, which sets the switch)
 
     return bool(_pywrap_util_port.IsMklEnabled())
 
