@@ -22,7 +22,11 @@ LOGICAL_CPUS = 4
 
 def pytest_configure(config: pytest.Config) -> None:
     """Split the CPU into logical devices before TensorFlow starts, so MirroredStrategy tests can
-    run 1, 2 or 4 replicas in one process (as CI has no GPU). Costs nothing where TF is absent."""
+    run 1, 2 or 4 replicas in one process (as CI has no GPU). Costs nothing where TF is absent, and
+    is skipped in pytest-xdist's controller (``make test``'s ``-n``), which runs no test: loading
+    TensorFlow there would cost a few seconds of CPU while the workers load theirs."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        return
     try:
         import tensorflow as tf
     except ImportError:

@@ -102,8 +102,9 @@ elif STOP == "data":
     import numpy as np, pyarrow.parquet as pq
     pq.ParquetWriter.write_table = stop_here("data")(pq.ParquetWriter.write_table)
     np.savez = stop_here("data")(np.savez)
-    import tensorflow as tf
-    tf.io.TFRecordWriter.write = stop_here("data")(tf.io.TFRecordWriter.write)
+    if {tfrecords}:  # (the other writers' children never load TensorFlow, a few seconds each)
+        import tensorflow as tf
+        tf.io.TFRecordWriter.write = stop_here("data")(tf.io.TFRecordWriter.write)
 {body}
 print("done", flush=True)
 """
@@ -111,7 +112,8 @@ print("done", flush=True)
 
 def _child(tmp_path: Path, writer: str) -> Path:
     script = tmp_path / f"{writer}.py"
-    script.write_text(CHILD.format(root=str(ROOT), body=textwrap.dedent(WRITERS[writer])))
+    script.write_text(CHILD.format(root=str(ROOT), body=textwrap.dedent(WRITERS[writer]),
+                                   tfrecords=writer == "tfrecords"))
     return script
 
 
