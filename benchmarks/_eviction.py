@@ -9,7 +9,7 @@ new in the timed steps (most from Zipf's long tail, drawn once), and a run sees 
 Each case is a dynamic table (``use_hashtable=True``) trained on the same batches: ``fill``
 untimed steps (two thirds of the timed ones), then the timed steps; samples/s is the median
 over the timed steps, and the amortized rate (samples over the timed steps' total time) is the
-figure the goals use.
+figure the goals use. Cores busy: the process's CPU time over the wall time of the timed steps.
 
     roomy             capacity 10M (the folded table), no policy: the table that never forgets
     roomy_tracked     the same with track_changes=True: change tracking alone
@@ -32,6 +32,7 @@ key at the admitted capacity (what admission leaves the recurring keys); ``delta
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 from benchmarks import _tables
@@ -119,7 +120,9 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
     _tables.timed(step, data[:fill])
     count()
     size_before, faults = table.size, page_faults()
+    cpu, wall = time.process_time(), time.perf_counter()
     times = _tables.timed(step, data[fill:fill + steps], after=count)
+    busy = (time.process_time() - cpu) / (time.perf_counter() - wall)  # every thread of the process
     faults = (page_faults() - faults) / steps
     evicted = [b[0] - a[0] for a, b in zip(counters, counters[1:])]
     placed = (table.size - size_before + sum(evicted)) / steps  # rows given to new keys, a step
@@ -132,7 +135,8 @@ def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any
               "ms_evicting_step": statistics.median(evicting) * 1e3 if evicting else None,
               "ms_other_step": statistics.median(other) * 1e3 if other else None,
               "unplaced_per_step": (counters[-1][1] - counters[0][1]) / steps,
-              "index_bytes_per_row": table.index_bytes_per_row, "page_faults_per_step": faults}
+              "index_bytes_per_row": table.index_bytes_per_row, "page_faults_per_step": faults,
+              "cores_busy": busy}
     if profile:
         ops = _tables.profile_ops(step, data[fill + steps:], top=40)
         count()
@@ -165,7 +169,8 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
                                            / med(roomy, "samples_per_s_amortized"), 2),
                "evicted_per_step": round(med(case, "evicted_per_step")),
                "evicting_steps": f"{runs[0]['evicting_steps']}/{stream_stats['timed_steps']}",
-               "new_rows_per_step": round(med(case, "new_rows_per_step"))}
+               "new_rows_per_step": round(med(case, "new_rows_per_step")),
+               "cores_busy": round(med(case, "cores_busy"), 2)}
         for key in ("ms_evicting_step", "ms_other_step"):
             values = [r[key] for r in runs if r[key] is not None]
             row[key] = round(statistics.median(values), 1) if values else None

@@ -9,7 +9,8 @@ from benchmarks import _eviction
 def _case(amortized: float) -> list[dict]:
     return [{"capacity": 10, "samples_per_s": amortized, "samples_per_s_amortized": amortized,
              "evicted_per_step": 0, "evicting_steps": 0, "new_rows_per_step": 1, "ms_evicting_step": None,
-             "ms_other_step": 1.0, "unplaced_per_step": 0, "index_bytes_per_row": 12}]
+             "ms_other_step": 1.0, "unplaced_per_step": 0, "index_bytes_per_row": 12,
+             "cores_busy": 1.5}]
 
 
 @pytest.mark.parametrize(("tracked", "flagged"), [(100.0, False), (103.0, False), (120.0, True)])
