@@ -113,8 +113,15 @@ def row_position_pairs(position: tf.Tensor, start: Any = 0) -> tf.Tensor:
     n = tf.size(position)
     if sys.byteorder != "little":
         return tf.stack([tf.range(start, start + n), position], 1)
-    k = tf.range(tf.cast(start, tf.int64), tf.cast(start + n, tf.int64))
-    return tf.bitcast(tf.bitwise.left_shift(tf.cast(position, tf.int64), tf.constant(32, tf.int64)) + k, tf.int32)
+    start = tf.cast(start, tf.int64)
+    return _pairs(position, start, start + tf.cast(n, tf.int64), tf.constant(32, tf.int64))
+
+
+def _pairs(position: tf.Tensor, lo: Any, hi: tf.Tensor, shift: tf.Tensor) -> tf.Tensor:
+    """`row_position_pairs` of `position` for rows ``[lo, hi)`` (int64; ``hi - lo`` positions), on a
+    little-endian host, with the int64 constant 32 given (one for several calls)."""
+    k = tf.range(lo, hi)
+    return tf.bitcast(tf.bitwise.left_shift(tf.cast(position, tf.int64), shift) + k, tf.int32)
 
 
 def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
@@ -128,22 +135,31 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
     of the whole batch to build and then slice). Two at any size: a small batch pays one more
     small product, and a batch sums alike whether its size is known while tracing or not, with no
     ``tf.cond`` between one product and two (which would put both in every graph whose size is
-    unknown while tracing, a sharded table's optimizer's among them).
+    unknown while tracing, a sharded table's optimizer's among them). Every table's gradient on every
+    replica takes one, so it is built of few ops (one split for both halves, the halves' sizes and
+    rows computed once): about forty, which a step's trace and first call pay per table and replica.
 
     Example:
         >>> sum_by_position(tf.constant([[1.0], [2.0], [4.0]]), tf.constant([1, 0, 1]), 2).numpy().tolist()
         [[2.0], [5.0]]
     """
-    k = tf.shape(position)[0]
-    flat = tf.reshape(values, tf.stack([k, -1]))
-    shape = tf.stack([tf.cast(k, tf.int64), tf.cast(count, tf.int64)])
     position = tf.cast(position, tf.int32)
-
-    def product(lo: Any, hi: Any) -> tf.Tensor:  # the rows [lo, hi) of `flat`, summed by position
-        these = pairs[lo:hi] if pairs is not None else row_position_pairs(position[lo:hi], lo)
-        ones = tf.ones(tf.shape(these)[:1], values.dtype)
-        return tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=ones, a_shape=shape, b=flat,
-                                                  adjoint_a=True)  # (count, prod(rest))
-
-    out = product(0, k // 2) + product(k // 2, k)
-    return tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
+    k = tf.size(position)
+    half = k // 2
+    sizes = tf.stack([half, k - half])
+    rows, half = tf.cast(k, tf.int64), tf.cast(half, tf.int64)
+    shape = tf.stack([rows, tf.cast(count, tf.int64)])
+    flat = values if values.shape.rank == 2 else tf.reshape(values, tf.stack([k, -1]))
+    parts = tf.split(position, sizes)
+    if pairs is not None:
+        indices = tf.split(pairs, sizes)
+    elif sys.byteorder != "little":
+        indices = [row_position_pairs(parts[0]), row_position_pairs(parts[1], half)]
+    else:
+        shift = tf.constant(32, tf.int64)
+        indices = [_pairs(parts[0], tf.constant(0, tf.int64), half, shift), _pairs(parts[1], half, rows, shift)]
+    out = [tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=tf.ones_like(part, values.dtype),
+                                              a_shape=shape, b=flat, adjoint_a=True)  # (count, prod(rest))
+           for these, part in zip(indices, parts)]
+    out = out[0] + out[1]
+    return out if values.shape.rank == 2 else tf.reshape(out, tf.concat([[count], tf.shape(values)[1:]], 0))
