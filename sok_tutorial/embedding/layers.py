@@ -255,8 +255,9 @@ class DistributedEmbedding(_EmbeddingBase):
             counts_at_most(tf.shape(shaped)[2:3], most, f"{self.name}: dense keys hold more keys per slot than "
                                                          f"max_nnz={self.max_nnz} or max_feature_num allow")
         vectors = self._vectors(self._check_keys(_flat(keys)), training, slots=lambda: _slot_ids(shaped))
-        vectors = tf.reshape(vectors, [-1, self.slot_num, tf.shape(shaped)[2], self.embedding_vec_size])
-        vectors = tf.ensure_shape(vectors, [None, self.slot_num, nnz, self.embedding_vec_size])  # (B, S, N, D)
+        # (B, S, N, D); a known N keeps the shape a constant (no ops to read it, in every table's trace)
+        vectors = tf.reshape(vectors, [-1, self.slot_num, tf.shape(shaped)[2] if nnz is None else nnz,
+                                       self.embedding_vec_size])
         weights = None if weights is None else tf.reshape(weights, tf.shape(shaped))  # (B, S, N)
         if self.combiner is None:
             return dense_sequence(tf.cast(weigh(vectors, weights), self.compute_dtype), self.max_nnz,
