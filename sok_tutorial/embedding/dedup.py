@@ -147,7 +147,7 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
     k = tf.size(position)
     half = k // 2
     sizes = tf.stack([half, k - half])
-    rows, half = tf.cast(k, tf.int64), tf.cast(half, tf.int64)
+    rows, lo = tf.cast(k, tf.int64), tf.cast(half, tf.int64)  # (the second half's first row, int64)
     shape = tf.stack([rows, tf.cast(count, tf.int64)])
     flat = values if values.shape.rank == 2 else tf.reshape(values, tf.stack([k, -1]))
     parts = tf.split(position, sizes)
@@ -157,7 +157,7 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
         indices = [row_position_pairs(parts[0]), row_position_pairs(parts[1], half)]
     else:
         shift = tf.constant(32, tf.int64)
-        indices = [_pairs(parts[0], tf.constant(0, tf.int64), half, shift), _pairs(parts[1], half, rows, shift)]
+        indices = [_pairs(parts[0], tf.constant(0, tf.int64), lo, shift), _pairs(parts[1], lo, rows, shift)]
     out = [tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=tf.ones_like(part, values.dtype),
                                               a_shape=shape, b=flat, adjoint_a=True)  # (count, prod(rest))
            for these, part in zip(indices, parts)]

@@ -138,6 +138,18 @@ def test_sum_by_position_sums_the_rows_of_each_position_alike_however_traced(row
         np.testing.assert_array_equal(out, outs[0])
 
 
+def test_sum_by_position_on_a_big_endian_host_sums_alike(monkeypatch):
+    """The stacked pairs a big-endian host builds give the sums the bitcast pairs give, to the bit."""
+    import sys
+
+    rng = np.random.default_rng(5)
+    position = tf.constant(rng.integers(0, 40, 101).astype(np.int32))
+    values = tf.constant(rng.normal(size=(101, 3)).astype(np.float32))
+    little = sum_by_position(values, position, 40).numpy()
+    monkeypatch.setattr(sys, "byteorder", "big")
+    np.testing.assert_array_equal(sum_by_position(values, position, 40).numpy(), little)
+
+
 @pytest.mark.parametrize("count", [0, 1, 5, WRITE_PARTS_FROM + 3])
 @pytest.mark.parametrize("how", ["eager", "unknown", "static"])
 @pytest.mark.parametrize("row_shape", [(), (3,)])
