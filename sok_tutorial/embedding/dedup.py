@@ -97,9 +97,9 @@ def distinct(keys: tf.Tensor, parts_from: int = PARTS_FROM, any_order: bool = Fa
     return one_map() if known is not None and known < parts_from else in_parts()
 
 
-def row_position_pairs(position: tf.Tensor, start: Any = 0) -> tf.Tensor:
+def row_position_pairs(position: tf.Tensor, start: Any = 0, stop: tf.Tensor | None = None) -> tf.Tensor:
     """``[n, 2]`` int32 ``(start + k, position[k])``: a sparse product's indices for the int32
-    `position` ``[n]``.
+    `position` ``[n]``. `stop`: ``start + n`` as int64, when the caller has it already.
 
     ``tf.stack`` along the last axis copies two elements at a time, one of the larger ops of a
     table's step on a CPU; on a little-endian host each pair is built instead as one int64,
@@ -110,18 +110,13 @@ def row_position_pairs(position: tf.Tensor, start: Any = 0) -> tf.Tensor:
         >>> row_position_pairs(tf.constant([4, 0, 4]), 10).numpy().tolist()
         [[10, 4], [11, 0], [12, 4]]
     """
-    n = tf.size(position)
     if sys.byteorder != "little":
-        return tf.stack([tf.range(start, start + n), position], 1)
+        start = tf.cast(start, tf.int32)
+        return tf.stack([tf.range(start, start + tf.size(position)), position], 1)
     start = tf.cast(start, tf.int64)
-    return _pairs(position, start, start + tf.cast(n, tf.int64), tf.constant(32, tf.int64))
-
-
-def _pairs(position: tf.Tensor, lo: Any, hi: tf.Tensor, shift: tf.Tensor) -> tf.Tensor:
-    """`row_position_pairs` of `position` for rows ``[lo, hi)`` (int64; ``hi - lo`` positions), on a
-    little-endian host, with the int64 constant 32 given (one for several calls)."""
-    k = tf.range(lo, hi)
-    return tf.bitcast(tf.bitwise.left_shift(tf.cast(position, tf.int64), shift) + k, tf.int32)
+    stop = start + tf.cast(tf.size(position), tf.int64) if stop is None else stop
+    k = tf.range(start, stop)
+    return tf.bitcast(tf.bitwise.left_shift(tf.cast(position, tf.int64), tf.constant(32, tf.int64)) + k, tf.int32)
 
 
 def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
@@ -151,13 +146,8 @@ def sum_by_position(values: tf.Tensor, position: tf.Tensor, count: tf.Tensor,
     shape = tf.stack([rows, tf.cast(count, tf.int64)])
     flat = values if values.shape.rank == 2 else tf.reshape(values, tf.stack([k, -1]))
     parts = tf.split(position, sizes)
-    if pairs is not None:
-        indices = tf.split(pairs, sizes)
-    elif sys.byteorder != "little":
-        indices = [row_position_pairs(parts[0]), row_position_pairs(parts[1], half)]
-    else:
-        shift = tf.constant(32, tf.int64)
-        indices = [_pairs(parts[0], tf.constant(0, tf.int64), lo, shift), _pairs(parts[1], lo, rows, shift)]
+    indices = tf.split(pairs, sizes) if pairs is not None else \
+        [row_position_pairs(parts[0], tf.constant(0, tf.int64), lo), row_position_pairs(parts[1], lo, rows)]
     out = [tf.raw_ops.SparseTensorDenseMatMul(a_indices=these, a_values=tf.ones_like(part, values.dtype),
                                               a_shape=shape, b=flat, adjoint_a=True)  # (count, prod(rest))
            for these, part in zip(indices, parts)]

@@ -347,8 +347,7 @@ def gather_rows(variable: Any, rows: tf.Tensor) -> tf.Tensor:
     @tf.custom_gradient
     def attach(handle: tf.Tensor, values: tf.Tensor) -> tuple[tf.Tensor, Any]:
         def grad(upstream: tf.Tensor) -> tuple[UniqueRowsGradient, None]:
-            shape = tf.constant(variable.shape.as_list(), tf.int64) if variable.shape.is_fully_defined() else \
-                tf.shape(variable, out_type=tf.int64)
+            shape = tf.constant(variable.shape.as_list(), tf.int64)  # (a table's shape is static)
             return UniqueRowsGradient(tf.convert_to_tensor(upstream), rows, shape, read=read), None
         return tf.identity(values), grad
     read = widen(tf.stop_gradient(read_rows(variable, rows)))
