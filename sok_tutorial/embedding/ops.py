@@ -256,15 +256,27 @@ def _from_copy_or_gather(variable: Any, reads: tf.Tensor, from_copy: Any, by_gat
 def updated(values: tf.Tensor, at: tf.Tensor, updates: tf.Tensor) -> tf.Tensor:
     """`values` ``[n, ...]`` with ``values[at] = updates`` (`at`: distinct, any integer type).
 
-    A ``tf.dynamic_stitch`` (later pieces win): it writes its n + k rows in one parallel pass, where
-    ``tf.tensor_scatter_nd_update`` copies `values` and then applies the k updates one at a time,
-    3-4x slower on a CPU for tens of thousands of updates.
+    A 1-D `values` (every use in a table's step) goes by two ``SparseToDense`` ops, the updates in
+    place over a default and a mask of where they are, and one select: on a CPU about half the time
+    of a ``tf.dynamic_stitch`` of the n + k elements, which copies each element through its index
+    (``tf.tensor_scatter_nd_update`` copies `values` and then applies the k updates one at a time,
+    slower still). Rows go by the stitch (later pieces win).
 
     Example:
         >>> updated(tf.constant([5, 6, 7]), tf.constant([2, 0]), tf.constant([0, 1])).numpy().tolist()
         [1, 6, 0]
+        >>> updated(tf.constant([[5], [6]]), tf.constant([1]), tf.constant([[0]])).numpy().tolist()
+        [[5], [0]]
     """
-    return tf.dynamic_stitch([tf.range(tf.shape(values)[0]), tf.cast(at, tf.int32)], [values, updates])
+    if values.shape.rank != 1:
+        return tf.dynamic_stitch([tf.range(tf.shape(values)[0]), tf.cast(at, tf.int32)], [values, updates])
+    at = at if at.dtype in (tf.int32, tf.int64) else tf.cast(at, tf.int64)
+    size = tf.shape(values, out_type=at.dtype)
+    placed = tf.raw_ops.SparseToDense(sparse_indices=at, output_shape=size, sparse_values=updates,
+                                      default_value=tf.zeros([], values.dtype), validate_indices=False)
+    mask = tf.raw_ops.SparseToDense(sparse_indices=at, output_shape=size, sparse_values=tf.constant(True),
+                                    default_value=tf.constant(False), validate_indices=False)
+    return tf.where(mask, placed, values)
 
 
 WRITE_PARTS = 2  # scatters `write_rows` splits a write into, which run side by side
