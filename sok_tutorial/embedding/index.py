@@ -68,7 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding.dedup import mix_keys
-from sok_tutorial.embedding.ops import masked, read_rows, take
+from sok_tutorial.embedding.ops import masked, read_rows, take, updated
 
 _EMPTY = -1
 
@@ -166,8 +166,7 @@ def lookup(index: IndexVariables, keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor
     _, _, done, found, ended = tf.while_loop(
         lambda pos, *_: tf.size(pos) > 0, body, [pending, take(slots, pending), none, none, none],
         shape_invariants=[tf.TensorShape([None])] * 5)
-    return (tf.tensor_scatter_nd_update(rows, done[:, None], found),
-            tf.tensor_scatter_nd_update(slots, done[:, None], ended))
+    return updated(rows, done, found), updated(slots, done, ended)
 
 
 def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Tensor) -> tf.Operation:
@@ -188,7 +187,7 @@ def insert(index: IndexVariables, keys: tf.Tensor, rows: tf.Tensor, slots: tf.Te
         at = (at + 1) & mask
         free = read_rows(index.slots, at)[:, 1] < 0
         lost = claim(masked(keys, free), masked(rows, free), masked(at, free))
-        again = tf.tensor_scatter_nd_update(~free, tf.where(free), lost)  # occupied, or lost the claim
+        again = updated(~free, tf.where(free)[:, 0], lost)  # occupied, or lost the claim
         return masked(keys, again), masked(rows, again), masked(at, again)
 
     with tf.control_dependencies([written]):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from sok_tutorial.embedding import index as key_index
-from sok_tutorial.embedding.ops import local_components, read_rows
+from sok_tutorial.embedding.ops import local_components, read_rows, updated
 from sok_tutorial.embedding.unique_keys import UniqueKeys
 
 _AHEAD_SAMPLE = 1024  # keys `rows_ahead` looks up first, to see whether nearly all have rows
@@ -60,7 +60,7 @@ class RowsAhead:
 
             def the_others() -> tf.Tensor:
                 others = tf.where(~good)[:, 0]
-                return tf.tensor_scatter_nd_update(hints, others[:, None], rows_of(tf.gather(keys, others)))
+                return updated(hints, others, rows_of(tf.gather(keys, others)))
 
             return tf.cond(tf.reduce_all(good), lambda: tf.identity(hints), the_others)
 
