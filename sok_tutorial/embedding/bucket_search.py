@@ -12,6 +12,8 @@ Example:
 """
 from __future__ import annotations
 
+import sys
+
 import tensorflow as tf
 
 from sok_tutorial.embedding.ops import masked, take, updated
@@ -20,9 +22,10 @@ from sok_tutorial.embedding.ops import masked, take, updated
 def position_in_row(match: tf.Tensor) -> tf.Tensor:
     """Where the one True of each row of `match` ``[n, W]`` is, or -1 for none. Eight slots pack into
     the bytes of one uint64, whose only set byte (a 1 in byte ``k``) is the position: ``value - 1``
-    then has ``8 k`` bits set."""
+    then has ``8 k`` bits set. Slot ``k`` is byte ``k`` of the word on a little-endian host only; a
+    big-endian one takes the maximum over the row's positions instead."""
     width = int(match.shape[1])
-    if width % 8:
+    if width % 8 or sys.byteorder != "little":
         return tf.reduce_max(tf.where(match, tf.range(width, dtype=tf.int64), -1), axis=1)
     words = tf.bitcast(tf.reshape(tf.cast(match, tf.uint8), [-1, width // 8, 8]), tf.uint64)  # (n, W / 8)
     word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
@@ -37,10 +40,11 @@ def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     (int32), or -1 where there are not that many.
 
     Rows whose ``n`` is 0 (most) take their first True from the bytes of one word (`position_in_row`'s
-    packing): ``v & -v`` keeps the lowest set bit; the others count their Trues in order."""
+    packing, on a little-endian host): ``v & -v`` keeps the lowest set bit; the others count their
+    Trues in order."""
     width = int(mask.shape[1])
     enough = n < tf.reduce_sum(tf.cast(mask, tf.int32), axis=1)
-    if width == 8:
+    if width == 8 and sys.byteorder == "little":
         word = tf.bitcast(tf.cast(mask, tf.uint8), tf.uint64)  # (k,): slot i in byte i
         low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
         first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8

@@ -6,6 +6,8 @@ map must match the table's exactly.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -202,6 +204,26 @@ def test_nth_lowest_is_the_nth_of_a_stable_sort(width, dtype):
     expected = np.argsort(score, axis=1, kind="stable")[np.arange(500), n]
     assert found.tolist() == expected.tolist()
     assert nth_lowest(tf.zeros([0, width], dtype), tf.zeros([0], tf.int32), tf.zeros([0], tf.int32)).shape == (0,)
+
+
+@pytest.mark.parametrize("width", [8, 16])
+def test_bucket_searches_on_a_big_endian_host_find_the_same_slots(width, monkeypatch):
+    """On a big-endian host (``sys.byteorder`` patched) the searches leave the packing of slots into
+    the bytes of a word, whose byte order the host decides, and give the slots the packing gives here."""
+    rng = np.random.default_rng(width)
+    mask = rng.random((300, width)) < rng.choice([0.0, 0.2, 0.7, 1.0], (300, 1))
+    n = rng.integers(0, width, 300).astype(np.int32)
+    where = rng.integers(-1, width, 300)
+    match = np.zeros((300, width), bool)
+    match[np.flatnonzero(where >= 0), where[where >= 0]] = True
+    little = nth_true(tf.constant(mask), tf.constant(n)).numpy(), position_in_row(tf.constant(match)).numpy()
+    monkeypatch.setattr(sys, "byteorder", "big")
+    big = nth_true(tf.constant(mask), tf.constant(n)).numpy(), position_in_row(tf.constant(match)).numpy()
+    assert big[0].tolist() == little[0].tolist() and big[1].tolist() == little[1].tolist() == where.tolist()
+    spec = tf.TensorSpec([None, width], tf.bool)
+    for search in (lambda m: nth_true(m, tf.zeros(tf.shape(m)[:1], tf.int32)), position_in_row):
+        graph = tf.function(search).get_concrete_function(spec).graph
+        assert "PopulationCount" not in {op.type for op in graph.get_operations()}  # (no word packing)
 
 
 @pytest.mark.parametrize("width", [2, 4, 8, 16, 32])
