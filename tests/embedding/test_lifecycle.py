@@ -160,6 +160,24 @@ def test_take_reads_what_tf_gather_reads(dtype, shape):
                                       [[2.0] * 3, [4.0] * 3, [0.0] * 3])
 
 
+@pytest.mark.parametrize("dtype", [tf.bool, tf.int32, tf.int64, tf.float32])
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64, tf.uint8])
+@pytest.mark.parametrize("n, k", [(0, 0), (5, 0), (5, 5), (200, 37)])
+def test_updated_replaces_exactly_the_elements_named(dtype, index_dtype, n, k):
+    """`ops.updated` (SparseToDense for 1-D values, a stitch for rows) against NumPy: every element
+    named is replaced, every other kept, for each value and index type, none, some and all updated."""
+    rng = np.random.default_rng(n + k)
+    values = rng.integers(0, 2 if dtype == tf.bool else 1000, (n, 3))
+    at = rng.permutation(n)[:k]
+    updates = rng.integers(0, 2 if dtype == tf.bool else 1000, (k, 3))
+    expected = values.copy()
+    expected[at] = updates
+    for rows in (False, True):  # 1-D values, and rows of three
+        v, u, e = (values, updates, expected) if rows else (values[:, 0], updates[:, 0], expected[:, 0])
+        got = ops.updated(tf.cast(v, dtype), tf.cast(at, index_dtype), tf.cast(u, dtype))
+        np.testing.assert_array_equal(got.numpy(), e.astype(got.dtype.as_numpy_dtype))
+
+
 @pytest.mark.parametrize("spans", [1, 3, 40, 200])  # 1 and 3: gathered element by element; 40, 200: read as rows
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 def test_read_spans_reads_each_bucket_s_marks_either_way(spans, dtype):
