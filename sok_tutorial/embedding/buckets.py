@@ -222,9 +222,31 @@ class BucketedIndex:
 
     def _decayed(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
         """``"lfu"``: the counts in packed `values` (their `marks` decoded) as of `now`, int64: halved
-        once per halflife epoch boundary since their mark."""
-        since = now // self.halflife - tf.maximum(marks, 0) // self.halflife
+        once per halflife epoch boundary since their mark. When every row was marked in the epoch of
+        `now` (`_this_epoch`), the counts are the words' high halves, with no row's epoch computed."""
+        return tf.cond(self._this_epoch(marks, now), lambda: tf.bitwise.right_shift(values, 32),
+                       lambda: self._halved(values, marks, now))
+
+    def _halved(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """`_decayed`, each row's epoch computed (an empty row, mark -1, has count 0: any shift
+        leaves it 0)."""
+        since = now // self.halflife - marks // self.halflife
         return tf.bitwise.right_shift(tf.bitwise.right_shift(values, 32), tf.minimum(since, 62))
+
+    def _scores(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """``"lfu"``: each row's score, its decayed count in the high half and its mark in the low, so
+        the lowest count goes first and the older mark on a tie (an empty row's word is 0: count 0
+        and mark -1, so its score is -1, below any row's). When every row was marked in the epoch
+        of `now`, the score is the word less one: one pass over the rows instead of the epochs'
+        arithmetic."""
+        return tf.cond(self._this_epoch(marks, now), lambda: values - 1,
+                       lambda: self._halved(values, marks, now) * (1 << 32) + marks)
+
+    def _this_epoch(self, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
+        """Whether every one of `marks` is of an empty row (-1) or in the halflife epoch of `now`:
+        as unsigned, -1 is above every clock, so one minimum tells."""
+        start = now // self.halflife * self.halflife
+        return tf.reduce_min(tf.bitcast(marks, tf.uint64)) >= tf.bitcast(start, tf.uint64)
 
     def _packed(self, counts: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
         """``"lfu"``: the word of rows seen at `now` with int64 `counts` (capped to int32's range)."""
@@ -312,11 +334,8 @@ class BucketedIndex:
         # each row's priority, the higher taken first, and `floor`, that of the rows this step's keys
         # hold (never taken); the lowest score goes first, the first of equals on a tie
         if self.packed:
-            marks = self._marks_of(values)
-            # (an empty row's word is 0: count 0 and mark -1, so its score is -1, below any row's)
-            score = self._decayed(values, marks, now) * (1 << 32) + marks
-            floor = -_INT64_MAX
-            priority = tf.where(tf.not_equal(marks, now), -score, floor)
+            marks, floor = self._marks_of(values), -_INT64_MAX
+            priority = tf.where(tf.not_equal(marks, now), -self._scores(values, marks, now), floor)
         else:  # "lru" and "ttl": the age, now less the mark (no mark is later than now): 0 for a row
             # this step's keys hold, the most for an empty row (mark -1), in one subtraction
             marks, floor = values, 0

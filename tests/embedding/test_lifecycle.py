@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from sok_tutorial.embedding import EmbeddingTable, lifecycle, ops
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
-from sok_tutorial.embedding.buckets import bucket_of_np
+from sok_tutorial.embedding.buckets import BucketedIndex, bucket_of_np
 from sok_tutorial.embedding.hit_rate import admission_hit_rates, exact_lru_hits, lru_hit_rates
 
 
@@ -779,3 +779,32 @@ def test_hit_rates_refuse_bad_streams_by_name(call, message):
     batches = [np.arange(4 * t, 4 * t + 8) for t in range(4)]
     with pytest.raises(ValueError, match=message):
         call(batches)
+
+
+@pytest.mark.parametrize("now", [3, 999, 1000, 2500])
+def test_lfu_scores_in_the_epoch_of_now_are_the_words_less_one(now):
+    """An LFU step whose rows were all marked in the halflife epoch of its clock (or are empty) takes
+    their scores and counts from the words alone: they must equal what the epochs' arithmetic gives,
+    and one row of an earlier epoch must send the step that arithmetic's way (its count halved)."""
+    index = BucketedIndex(capacity=64, width=8, policy="lfu", halflife=1000)
+    rng, start = np.random.default_rng(now), now // 1000 * 1000
+    marks = rng.integers(start, now + 1, (8, 8))
+    marks[0, :3] = -1  # empty rows
+    counts = np.where(marks >= 0, rng.integers(0, 2**31 - 1, marks.shape), 0)
+    clock = tf.constant(now, tf.int64)
+
+    def check(marks: np.ndarray) -> tuple[bool, np.ndarray]:
+        words = tf.constant(np.where(marks >= 0, counts * 2**32 + marks + 1, 0))
+        decoded = index._marks_of(words)
+        halved = index._halved(words, decoded, clock)
+        np.testing.assert_array_equal(decoded, marks)
+        np.testing.assert_array_equal(index._decayed(words, decoded, clock), halved)
+        np.testing.assert_array_equal(index._scores(words, decoded, clock), halved * 2**32 + marks)
+        return bool(index._this_epoch(decoded, clock)), halved.numpy()
+
+    current, halved = check(marks)
+    assert current and halved.tolist() == counts.tolist()
+    if start:
+        marks[1, 1] = start - 1
+        current, halved = check(marks)
+        assert not current and halved[1, 1] == counts[1, 1] // 2 and halved[2, 2] == counts[2, 2]
