@@ -10,7 +10,8 @@ the embedding variable. The index is::
     marks  [capacity] int32    clock of each row's last training lookup; -1: empty
            [capacity] int64    "lfu": the mark and the row's count in one word, ``count * 2**32 +
                                mark + 1`` (0: empty), so a touch or a new key's score reads and
-                               writes one value; the count is halved each lfu_halflife steps (lazily)
+                               writes one value; the count is halved each lfu_halflife steps (lazily;
+                               `sok_tutorial.embedding.lfu_words`)
 
 An empty row holds a key of another bucket, which no lookup of this bucket can match, so every
 int64 is a key and a lookup needs no marks (a one-bucket table, which has no other bucket, checks
@@ -67,12 +68,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from sok_tutorial.embedding import lfu_words
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
 from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, take, tf_variable, updated
 
 _EMPTY = -1
-_COUNT_MAX = 2**31 - 1
 _INT64_MAX = np.iinfo(np.int64).max
 _SAMPLE = 1024  # new keys whose buckets are checked for empty rows, to choose how a step places them
 
@@ -216,41 +217,7 @@ class BucketedIndex:
 
     def _marks_of(self, values: tf.Tensor) -> tf.Tensor:
         """The marks in `values` read from ``marks`` (``"lfu"``: their low word, less one), int64."""
-        if not self.packed:
-            return tf.cast(values, tf.int64)
-        return tf.bitwise.bitwise_and(values, tf.constant(0xFFFFFFFF, tf.int64)) - 1
-
-    def _decayed(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """``"lfu"``: the counts in packed `values` (their `marks` decoded) as of `now`, int64: halved
-        once per halflife epoch boundary since their mark. When every row was marked in the epoch of
-        `now` (`_this_epoch`), the counts are the words' high halves, with no row's epoch computed."""
-        return tf.cond(self._this_epoch(marks, now), lambda: tf.bitwise.right_shift(values, 32),
-                       lambda: self._halved(values, marks, now))
-
-    def _halved(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """`_decayed`, each row's epoch computed (an empty row, mark -1, has count 0: any shift
-        leaves it 0)."""
-        since = now // self.halflife - marks // self.halflife
-        return tf.bitwise.right_shift(tf.bitwise.right_shift(values, 32), tf.minimum(since, 62))
-
-    def _scores(self, values: tf.Tensor, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """``"lfu"``: each row's score, its decayed count in the high half and its mark in the low, so
-        the lowest count goes first and the older mark on a tie (an empty row's word is 0: count 0
-        and mark -1, so its score is -1, below any row's). When every row was marked in the epoch
-        of `now`, the score is the word less one: one pass over the rows instead of the epochs'
-        arithmetic."""
-        return tf.cond(self._this_epoch(marks, now), lambda: values - 1,
-                       lambda: self._halved(values, marks, now) * (1 << 32) + marks)
-
-    def _this_epoch(self, marks: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """Whether every one of `marks` is of an empty row (-1) or in the halflife epoch of `now`:
-        as unsigned, -1 is above every clock, so one minimum tells."""
-        start = now // self.halflife * self.halflife
-        return tf.reduce_min(tf.bitcast(marks, tf.uint64)) >= tf.bitcast(start, tf.uint64)
-
-    def _packed(self, counts: tf.Tensor, now: tf.Tensor) -> tf.Tensor:
-        """``"lfu"``: the word of rows seen at `now` with int64 `counts` (capped to int32's range)."""
-        return tf.minimum(counts, _COUNT_MAX) * (1 << 32) + (now + 1)
+        return lfu_words.marks_of(values) if self.packed else tf.cast(values, tf.int64)
 
     def place(self, keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor,
               admit: Callable[[tf.Tensor, tf.Tensor | None], tf.Tensor] | None = None) -> Placed:
@@ -266,7 +233,8 @@ class BucketedIndex:
         hits = take(row, hit)  # expired "ttl" keys too: they take their own row back
         if self.packed:  # the count as of now plus this step's, and the mark, in one write
             old = read_rows(self.marks, hits)
-            seen = self._packed(self._decayed(old, self._marks_of(old), now) + take(counts, hit), now)
+            counts_now = lfu_words.decayed(old, self._marks_of(old), now, self.halflife)
+            seen = lfu_words.word(counts_now + take(counts, hit), now)
         else:
             seen = tf.fill(tf.shape(hits), stamp)
         touched = [tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, hits))]
@@ -314,7 +282,7 @@ class BucketedIndex:
         new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
                               [-1, width])
         with tf.control_dependencies([evicted]):
-            seen = self._packed(take(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
+            seen = lfu_words.word(take(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
             writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
                       tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))]
         with tf.control_dependencies(writes):
@@ -335,7 +303,8 @@ class BucketedIndex:
         # hold (never taken); the lowest score goes first, the first of equals on a tie
         if self.packed:
             marks, floor = self._marks_of(values), -_INT64_MAX
-            priority = tf.where(tf.not_equal(marks, now), -self._scores(values, marks, now), floor)
+            score = lfu_words.scores(values, marks, now, self.halflife)
+            priority = tf.where(tf.not_equal(marks, now), -score, floor)
         else:  # "lru" and "ttl": the age, now less the mark (no mark is later than now): 0 for a row
             # this step's keys hold, the most for an empty row (mark -1), in one subtraction
             marks, floor = values, 0
@@ -356,11 +325,11 @@ class BucketedIndex:
     def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:
         """Each row's mark (-1: empty), int64: of `values` read from ``marks``, or of all rows."""
         values = (self.marks.numpy() if values is None else np.asarray(values)).astype(np.int64)
-        return (values & 0xFFFFFFFF) - 1 if self.packed else values
+        return lfu_words.marks_of_np(values) if self.packed else values
 
     def counts_np(self, values: np.ndarray) -> np.ndarray:
         """``"lfu"``: the counts in `values` read from ``marks``, as stored (decayed as of their mark)."""
-        return np.asarray(values, np.int64) >> 32
+        return lfu_words.counts_of_np(values)
 
     def live(self, now: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(rows, keys, marks) of the rows holding a key (not expired at clock `now`), row order."""
@@ -401,7 +370,7 @@ class BucketedIndex:
         self.keys.assign(row_keys.reshape(shape))
         if self.packed:
             row_counts = np.zeros(self.capacity, np.int64)
-            row_counts[slots[kept]] = 0 if counts is None else np.minimum(counts[kept], _COUNT_MAX)
-            self.marks.assign(np.where(row_marks >= 0, row_counts * (1 << 32) + row_marks + 1, 0))
+            row_counts[slots[kept]] = 0 if counts is None else counts[kept]
+            self.marks.assign(lfu_words.words_np(row_counts, row_marks))
         else:
             self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding import EmbeddingTable, lifecycle, ops
+from sok_tutorial.embedding import EmbeddingTable, lfu_words, lifecycle, ops
 from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
-from sok_tutorial.embedding.buckets import BucketedIndex, bucket_of_np
+from sok_tutorial.embedding.buckets import bucket_of_np
 from sok_tutorial.embedding.hit_rate import admission_hit_rates, exact_lru_hits, lru_hit_rates
 
 
@@ -786,7 +786,6 @@ def test_lfu_scores_in_the_epoch_of_now_are_the_words_less_one(now):
     """An LFU step whose rows were all marked in the halflife epoch of its clock (or are empty) takes
     their scores and counts from the words alone: they must equal what the epochs' arithmetic gives,
     and one row of an earlier epoch must send the step that arithmetic's way (its count halved)."""
-    index = BucketedIndex(capacity=64, width=8, policy="lfu", halflife=1000)
     rng, start = np.random.default_rng(now), now // 1000 * 1000
     marks = rng.integers(start, now + 1, (8, 8))
     marks[0, :3] = -1  # empty rows
@@ -795,12 +794,12 @@ def test_lfu_scores_in_the_epoch_of_now_are_the_words_less_one(now):
 
     def check(marks: np.ndarray) -> tuple[bool, np.ndarray]:
         words = tf.constant(np.where(marks >= 0, counts * 2**32 + marks + 1, 0))
-        decoded = index._marks_of(words)
-        halved = index._halved(words, decoded, clock)
+        decoded = lfu_words.marks_of(words)
+        halved = lfu_words.halved(words, decoded, clock, 1000)
         np.testing.assert_array_equal(decoded, marks)
-        np.testing.assert_array_equal(index._decayed(words, decoded, clock), halved)
-        np.testing.assert_array_equal(index._scores(words, decoded, clock), halved * 2**32 + marks)
-        return bool(index._this_epoch(decoded, clock)), halved.numpy()
+        np.testing.assert_array_equal(lfu_words.decayed(words, decoded, clock, 1000), halved)
+        np.testing.assert_array_equal(lfu_words.scores(words, decoded, clock, 1000), halved * 2**32 + marks)
+        return bool(lfu_words.this_epoch(decoded, clock, 1000)), halved.numpy()
 
     current, halved = check(marks)
     assert current and halved.tolist() == counts.tolist()
