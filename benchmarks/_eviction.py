@@ -44,6 +44,7 @@ GOALS = {"lru_full": 0.85, "lfu_full": 0.8, "lru_admission": 0.8, "lru_roomy": 0
          "lru_full_adagrad": 0.8}  # amortized samples/s against the roomy table of the same optimizer
 HIT_RATE_GAP = 0.01  # bucket-local LRU within one percentage point of exact LRU
 TWIN_SLACK = 0.03  # roomy_tracked does the roomy table's work and more: faster by more than this, roomy ran slow
+WITHIN_RUN = (("lfu_full", "lru_full"), ("lru_full_w16", "lru_full"))  # (case, the case it is set against)
 INDEX_BYTES = 12  # per row, the bucketed index of an "lru" table
 CHURN_STEPS = (1, 3, 6)  # steps trained past the mark before each delta (the log holds ~8 steps of evictions)
 ROOMY = _tables.ROWS_PER_TABLE * _tables.NT  # 10M rows: far more than the run's distinct keys
@@ -151,7 +152,8 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
     same optimizer, the goals, hit rates against exact LRU and delta exports. ``roomy_check`` says
     whether the roomy table, every SGD ratio's denominator, ran slower than its tracked twin by more
     than `TWIN_SLACK` (amortized): the twin does the same work and more, so such a run's ratios
-    read high."""
+    read high. ``within_run`` sets the tables that differ from LRU at capacity by one option
+    against it (`WITHIN_RUN`, amortized): ratios that need no roomy table, flagged or not."""
     def med(case: str, key: str) -> float:
         return statistics.median(r[key] for r in results[case])
 
@@ -191,6 +193,9 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
     if {"roomy", "roomy_tracked"} <= set(results):  # every ratio's denominator, against a twin that must not beat it
         twin = med("roomy_tracked", "samples_per_s_amortized") / med("roomy", "samples_per_s_amortized")
         checks = {"tracked_vs_roomy_amortized": round(twin, 2), "roomy_ran_slow": twin > 1 + TWIN_SLACK}
+    within = {f"{case}_vs_{base}_amortized": round(med(case, "samples_per_s_amortized")
+                                                   / med(base, "samples_per_s_amortized"), 2)
+              for case, base in WITHIN_RUN if {case, base} <= set(results)}
     if "lru_full" in results:
         measured = results["lru_full"][0]["index_bytes_per_row"]
         goals["index_bytes_per_row_lru"] = {"goal": INDEX_BYTES, "measured": measured, "met": measured <= INDEX_BYTES}
@@ -209,7 +214,7 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
         rows.append({"case": "delta", "table": f"lru_full +{d['steps']} steps", **{k: v for k, v in d.items()
                                                                                    if k != "steps"}})
     return rows, {"workload": __doc__.split("\n\n")[1].replace("\n", " "), "stream": stream_stats, "goals": goals,
-                  "roomy_check": checks, "profiles_ms_per_step": profiles}
+                  "roomy_check": checks, "within_run": within, "profiles_ms_per_step": profiles}
 
 
 def hit_rates(steps: int = STEPS) -> dict[str, Any]:

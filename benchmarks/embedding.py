@@ -534,6 +534,8 @@ def eviction(args: Any, run: Any) -> None:
     _bench.report("embedding_eviction", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['met'] else 'NOT met'}")
+    if notes["within_run"]:
+        print("within the run: " + ", ".join(f"{name} {ratio}" for name, ratio in notes["within_run"].items()))
     if notes["roomy_check"].get("roomy_ran_slow"):
         print(f"the roomy table ran slower than its tracked twin (tracked / roomy "
               f"{notes['roomy_check']['tracked_vs_roomy_amortized']}): the ratios against it read high")

@@ -19,3 +19,11 @@ def test_eviction_report_flags_a_roomy_table_slower_than_its_tracked_twin(tracke
     rows, notes = _eviction.report(results, {}, {"timed_steps": 36})
     assert notes["roomy_check"] == {"tracked_vs_roomy_amortized": round(tracked / 100.0, 2), "roomy_ran_slow": flagged}
     assert [r["vs_roomy_amortized"] for r in rows if r["table"] == "lru_full"] == [0.85]  # the ratios stay as measured
+
+
+def test_eviction_report_sets_lfu_and_wider_buckets_against_lru_at_capacity_within_the_run():
+    results = {"roomy": _case(100.0), "lru_full": _case(80.0), "lfu_full": _case(60.0), "lru_full_w16": _case(88.0)}
+    _, notes = _eviction.report(results, {}, {"timed_steps": 36})
+    assert notes["within_run"] == {"lfu_full_vs_lru_full_amortized": 0.75, "lru_full_w16_vs_lru_full_amortized": 1.1}
+    _, notes = _eviction.report({"roomy": _case(100.0), "lfu_full": _case(60.0)}, {}, {"timed_steps": 36})
+    assert notes["within_run"] == {}  # (no LRU table at capacity in the run: nothing to set them against)
