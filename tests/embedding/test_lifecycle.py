@@ -793,7 +793,7 @@ def test_lfu_scores_in_the_epoch_of_now_are_the_words_less_one(now):
     clock = tf.constant(now, tf.int64)
 
     def check(marks: np.ndarray) -> tuple[bool, np.ndarray]:
-        words = tf.constant(np.where(marks >= 0, counts * 2**32 + marks + 1, 0))
+        words = tf.constant(lfu_words.words_np(counts, marks))
         decoded = lfu_words.marks_of(words)
         halved = lfu_words.halved(words, decoded, clock, 1000)
         np.testing.assert_array_equal(decoded, marks)
