@@ -1,9 +1,9 @@
 """Searches within the rows of a bucketed index (`sok_tutorial.embedding.buckets`), as whole-batch
 tensor ops with no Python per key: where the one matching slot of each row is
-(`position_in_row`), where the n-th True of each row is (`nth_true`: a new key's empty row), and
-how many earlier elements share each element's group (`rank_in_group`: the order of several new
-keys of one bucket), and where the n-th lowest element of each row is (`nth_lowest`: the row a
-later new key of a bucket takes).
+(`position_in_row`), where the n-th True of each row is (`nth_true`: a new key's empty row), which
+element is the first of each element's group (`first_in_group`: the new keys of one bucket), how
+many earlier elements share its group (`rank_in_group`: their order), and where the n-th lowest
+element of each row is (`nth_lowest`: the row a later new key of a bucket takes).
 
 Example:
     >>> import tensorflow as tf
@@ -59,30 +59,61 @@ def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     return tf.where(enough, at, -1)
 
 
-def rank_in_group(groups: tf.Tensor, num_groups: tf.Tensor, limit: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
-    """(for each element, how many earlier elements share its group, at most `limit`; the first
-    element of each group): ``[1, 0, 1, 1] -> ([0, 0, 1, 2], [1, 0])`` (groups numbered from 0, as
-    `tf.unique` does).
+#: `first_in_group` fills a dense array of its bound when that is at most this many times the elements:
+#: filling one entry streams where ``tf.unique`` hashes each element into a map that, amid a training
+#: step's other reads, misses the cache (``benchmarks/embedding.py --group eviction`` times the step)
+DENSE_PER_ELEMENT = 32
+
+
+def first_in_group(values: tf.Tensor, bound: int) -> tf.Tensor:
+    """For each element of the 1-D int32 `values` (each in ``[0, bound)``), the index of the first
+    element equal to it (int32): ``[4, 2, 4, 4] -> [0, 1, 0, 0]``; an element is the first of its
+    group where the result equals its own index.
+
+    One ``unsorted_segment_min`` of the element indices into a dense array of `bound` entries and a
+    gather back, when `bound` is at most `DENSE_PER_ELEMENT` times the elements (a step's new keys
+    and the buckets of its table); otherwise ``tf.unique``'s hash map first, so the work stays
+    bounded by the elements, not by `bound`.
+
+    Example:
+        >>> first_in_group(tf.constant([4, 2, 4, 4]), 8).numpy().tolist()
+        [0, 1, 0, 0]
+    """
+    n = tf.size(values)
+    index = tf.range(n)
+
+    def dense() -> tf.Tensor:
+        return take(tf.math.unsorted_segment_min(index, values, bound), values)
+
+    def hashed() -> tf.Tensor:
+        _, group = tf.unique(values, out_idx=tf.int32)
+        return take(tf.math.unsorted_segment_min(index, group, n), group)
+
+    return tf.cond(bound <= DENSE_PER_ELEMENT * n, dense, hashed)
+
+
+def rank_in_group(first: tf.Tensor, limit: int | None = None) -> tf.Tensor:
+    """For each element, how many earlier elements share its group, at most `limit`, given the
+    first element of each element's group (`first_in_group`): ``[1, 0, 1, 1]``'s ``first``, ``[0,
+    1, 0, 0]`` -> ``[0, 0, 1, 2]``.
 
     In rounds, each settling the first pending element of every group: as many rounds as the
     largest group (or `limit`), and work in proportion to the elements still pending (no sort); an
     element's rank is the number of rounds it waited, counted once at the end."""
-    n = tf.size(groups)
-    first = tf.math.unsorted_segment_min(tf.range(n), groups, num_groups)
+    n = tf.size(first)
 
     def body(pending: tf.Tensor, passed: tf.Tensor, rounds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        group = take(groups, pending)
-        later = masked(pending, tf.not_equal(take(tf.math.unsorted_segment_min(
-            pending, group, num_groups), group), pending))
+        group = take(first, pending)  # (groups named by their first element: segments in [0, n))
+        later = masked(pending, tf.not_equal(take(tf.math.unsorted_segment_min(pending, group, n), group), pending))
         return later, tf.concat([passed, later], 0), rounds + 1
 
-    start = tf.cast(tf.where(tf.not_equal(take(first, groups), tf.range(n)))[:, 0], tf.int32)
+    start = tf.cast(tf.where(tf.not_equal(first, tf.range(n)))[:, 0], tf.int32)
     last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
     passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
                            [start, start, tf.constant(0, n.dtype)],
                            shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])])[1]
     # an element's rank: the rounds it was still behind another of its group in
-    return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32), first
+    return tf.math.bincount(passed, minlength=n, maxlength=n, dtype=tf.int32)
 
 
 def nth_lowest(score: tf.Tensor, lowest: tf.Tensor, n: tf.Tensor) -> tf.Tensor:

@@ -69,7 +69,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_tutorial.embedding import lfu_words
-from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding.bucket_search import first_in_group, nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
 from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, take, tf_variable, updated
 
@@ -242,8 +242,11 @@ class BucketedIndex:
         if admit is not None:  # which of the absent keys may have a row
             new = masked(new, admit(take(keys, new), None if counts is None else take(counts, new)))
         new_keys, new_bucket = take(keys, new), take(bucket, new)
-        buckets, group = tf.unique(tf.cast(new_bucket, tf.int32), out_idx=tf.int32)
-        rank, first = rank_in_group(group, tf.size(buckets), limit=width)  # rank W: no slot left
+        # the new keys of one bucket: for each key the first of them in the step's order (`first`), the
+        # keys that are first (`firsts`, one per bucket), and each key's rank among them (W: no slot left)
+        first = first_in_group(tf.cast(new_bucket, tf.int32), self.num_buckets)
+        firsts = tf.where(tf.equal(first, tf.range(tf.size(first))))[:, 0]
+        rank = rank_in_group(first, limit=width)
         new_held = take(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
         if self.num_buckets > 1:
             # A key whose bucket has more empty rows than new keys before it takes the rank-th empty row
@@ -251,10 +254,13 @@ class BucketedIndex:
             # marks. Taken when a sample of the step's new keys says most find an empty row (a table
             # filling up); at capacity every key goes by marks, which also find empty rows.
             empty_key = self._empty_key(new_bucket)[:, None]
-            sample = tf.minimum(tf.size(new), _SAMPLE)
-            empty_sample = tf.reduce_any(tf.equal(new_held[:sample], empty_key[:sample]), 1)
+            sample = new[:_SAMPLE]
+            empty_sample = tf.reduce_any(tf.equal(take(held_keys, sample), empty_key[:_SAMPLE]), 1)
             with tf.control_dependencies(touched):  # this step's hits are taken
-                filling = 2 * tf.math.count_nonzero(empty_sample, dtype=tf.int32) > sample
+                filling = 2 * tf.math.count_nonzero(empty_sample, dtype=tf.int32) > tf.size(sample, tf.int32)
+            # the marks of every new key's bucket, read and scored apart from the ranks (so beside the
+            # grouping, which they do not need); none while the table fills
+            scored = tf.cond(filling, self._no_scores, lambda: self._scores(new_bucket, now))
 
             def with_empty_rows() -> tuple[tf.Tensor, tf.Tensor]:
                 empty = tf.equal(new_held, empty_key)  # (m, W)
@@ -264,26 +270,27 @@ class BucketedIndex:
                 position = updated(at, slow, tf.where(ok, position, -1))  # -1: no row (a quick key's is >= 0)
                 return position >= 0, position
 
-            ok, position = tf.cond(filling, with_empty_rows, lambda: self._by_marks(new_bucket, rank, now)[:2])
+            ok, position = tf.cond(filling, with_empty_rows, lambda: self._choose(scored, rank)[:2])
             previous = []  # (a row held a key unless it holds its bucket's empty key: no marks needed)
         else:  # (a single bucket's empty rows hold a key like any other: marks tell)
             with tf.control_dependencies(touched):
                 ok, position, marks_before = self._by_marks(new_bucket, rank, now)
             previous = [marks_before]
         # the new keys that take a row (placed: their index in `keys`): in a full table's step, all of them
-        take_group, take_bucket, placed_keys, placed, position, *previous = kept(
-            ok, [group, new_bucket, new_keys, new, position, *previous])
+        take_first, take_bucket, placed_keys, placed, position, *previous = kept(
+            ok, [first, new_bucket, new_keys, new, position, *previous])
         taken = take_bucket * width + tf.cast(position, tf.int64)
         held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
         before = take(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
         evicting = previous[0] >= 0 if previous else tf.not_equal(before, self._empty_key(take_bucket))
         evicted = kept(evicting, [before])[0]
-        new_rows = take(new_held, first)  # (buckets, W): a row per bucket
-        new_rows = tf.reshape(updated(tf.reshape(new_rows, [-1]), take_group * width + position, placed_keys),
-                              [-1, width])
+        # each bucket's keys after the step: the rows read, each new key in its slot of its bucket's
+        # first new key's row, and those rows kept (a row per bucket)
+        new_rows = updated(tf.reshape(new_held, [-1]), take_first * width + position, placed_keys)
+        new_rows = take(tf.reshape(new_rows, [-1, width]), firsts)
         with tf.control_dependencies([evicted]):
             seen = lfu_words.word(take(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
-            writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, buckets)),
+            writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, take(new_bucket, firsts))),
                       tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))]
         with tf.control_dependencies(writes):
             rows = updated(tf.where(held, row, _EMPTY), placed, taken)
@@ -297,27 +304,41 @@ class BucketedIndex:
         """For new keys of `bucket` with `rank` earlier new keys in it, each: (whether it may take a
         row, the row's position in its bucket, its mark before, -1 for empty, int64): the rank-th
         lowest-scored row, by the marks (read after this step's touches)."""
-        width = self.width
-        values = read_spans(self.marks, bucket * width, width)  # (s, W): each bucket's rows
-        # each row's priority, the higher taken first, and `floor`, that of the rows this step's keys
-        # hold (never taken); the lowest score goes first, the first of equals on a tie
+        return self._choose(self._scores(bucket, now), rank)
+
+    def _scores(self, bucket: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(each row's priority ``[s, W]``, the higher taken first, its mark, the position of the
+        highest in each bucket) of the rows of `bucket`: all of `_by_marks` that needs no ranks.
+
+        A row that this step's keys hold has the priority floor (`_choose`), and is never taken; the
+        lowest score goes first, the first of equals on a tie."""
+        values = read_spans(self.marks, bucket * self.width, self.width)  # (s, W): each bucket's rows
         if self.packed:
-            marks, floor = self._marks_of(values), -_INT64_MAX
+            marks = self._marks_of(values)
             score = lfu_words.scores(values, marks, now, self.halflife)
-            priority = tf.where(tf.not_equal(marks, now), -score, floor)
+            priority = tf.where(tf.not_equal(marks, now), -score, -_INT64_MAX)
         else:  # "lru" and "ttl": the age, now less the mark (no mark is later than now): 0 for a row
             # this step's keys hold, the most for an empty row (mark -1), in one subtraction
-            marks, floor = values, 0
-            priority = tf.cast(now, self.mark_dtype) - values
+            marks, priority = values, tf.cast(now, self.mark_dtype) - values
         # the first new key of a bucket: its highest (a top_k of one: the first of equals, as
         # tf.argmax has it, at about two thirds of tf.argmax's cost on a CPU)
-        position = tf.math.top_k(priority, 1)[1][:, 0]
+        return priority, marks, tf.math.top_k(priority, 1)[1][:, 0]
+
+    def _no_scores(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """`_scores` of no bucket (a step that finds its rows empty, as a filling table does)."""
+        dtype = tf.int64 if self.packed else self.mark_dtype
+        return tf.zeros([0, self.width], dtype), tf.zeros([0, self.width], dtype), tf.zeros([0], tf.int32)
+
+    def _choose(self, scored: tuple[tf.Tensor, tf.Tensor, tf.Tensor], rank: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        """`_by_marks` from the `_scores` of the keys' buckets and their `rank`."""
+        priority, marks, position = scored
+        width, floor = self.width, -_INT64_MAX if self.packed else 0
         later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest score (few)
         position = updated(position, later, nth_lowest(-take(priority, later), take(position, later),
                                                        tf.minimum(take(rank, later), width - 1)))
         # the slot each key would take, flat in its [W] row; it may if that row's priority is above
         # `floor` (the rank-th highest is then free: the free rows sort first) and its rank is below W
-        slot = tf.range(tf.size(bucket), dtype=tf.int32) * width + position
+        slot = tf.range(tf.size(rank), dtype=tf.int32) * width + position
         ok = (take(tf.reshape(priority, [-1]), slot) > floor) & (rank < width)
         return ok, position, tf.cast(take(tf.reshape(marks, [-1]), slot), tf.int64)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_tutorial.embedding import EmbeddingTable, lfu_words, lifecycle, ops
-from sok_tutorial.embedding.bucket_search import nth_lowest, nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding import EmbeddingTable, bucket_search, lfu_words, lifecycle, ops
+from sok_tutorial.embedding.bucket_search import first_in_group, nth_lowest, nth_true, position_in_row, rank_in_group
 from sok_tutorial.embedding.buckets import bucket_of_np
 from sok_tutorial.embedding.hit_rate import admission_hit_rates, exact_lru_hits, lru_hit_rates
 
@@ -112,12 +112,23 @@ def test_slots_follow_the_bucketed_reference_step_by_step(policy, ttl, capacity,
 def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     """The rank that orders several new keys of one bucket: earlier keys of the same bucket, at
     most `limit` (a bucket's width: a key ranked there has no slot left)."""
-    distinct, ids = tf.unique(tf.constant(groups, tf.int32), out_idx=tf.int32)
-    rank, first = rank_in_group(ids, tf.size(distinct), limit=limit)
-    ids = ids.numpy()
+    ids = np.asarray(groups, np.int64)
+    first = [int(np.argmax(ids == g)) for g in ids]
+    rank = rank_in_group(tf.constant(first, tf.int32), limit=limit)
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
-    assert first.numpy().tolist() == [int(np.argmax(ids == j)) for j in range(len(distinct))]
+
+
+@pytest.mark.parametrize("bound", [40, 10**6])  # a dense array of the bound; tf.unique's map (bound > 32 n)
+@pytest.mark.parametrize("groups", [[], [7], [1, 0, 1, 1], [5] * 20,
+                                    np.random.default_rng(1).integers(0, 40, 500).tolist()])
+def test_first_in_group_finds_each_elements_first_equal(groups, bound):
+    """Which new key is the first of its bucket in the step's order, by either of the two ways (a
+    bucket's first new key writes the bucket's row; the others rank behind it)."""
+    ids = np.asarray(groups, np.int64)
+    assert (bound <= bucket_search.DENSE_PER_ELEMENT * len(ids)) == (bound == 40 and len(ids) >= 2)
+    first = tf.function(lambda v: first_in_group(v, bound))(tf.constant(ids, tf.int32))
+    assert first.numpy().tolist() == [int(np.argmax(ids == g)) for g in ids]
 
 
 @pytest.mark.parametrize("reads", [1, 3, 200, 1000])  # 1 and 3: a resource gather; 200, 1000: a copy and a gather
