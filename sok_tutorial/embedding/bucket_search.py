@@ -92,10 +92,11 @@ def first_in_group(values: tf.Tensor, bound: int) -> tf.Tensor:
     return tf.cond(bound <= DENSE_PER_ELEMENT * n, dense, hashed)
 
 
-def rank_in_group(first: tf.Tensor, limit: int | None = None) -> tf.Tensor:
+def rank_in_group(first: tf.Tensor, limit: int | None = None, later: tf.Tensor | None = None) -> tf.Tensor:
     """For each element, how many earlier elements share its group, at most `limit`, given the
     first element of each element's group (`first_in_group`): ``[1, 0, 1, 1]``'s ``first``, ``[0,
-    1, 0, 0]`` -> ``[0, 0, 1, 2]``.
+    1, 0, 0]`` -> ``[0, 0, 1, 2]``. `later`, if the caller has it: the elements that are not the
+    first of their group, in order (those ranked 1 or more).
 
     In rounds, each settling the first pending element of every group: as many rounds as the
     largest group (or `limit`), and work in proportion to the elements still pending (no sort); an
@@ -107,7 +108,7 @@ def rank_in_group(first: tf.Tensor, limit: int | None = None) -> tf.Tensor:
         later = masked(pending, tf.not_equal(take(tf.math.unsorted_segment_min(pending, group, n), group), pending))
         return later, tf.concat([passed, later], 0), rounds + 1
 
-    start = tf.cast(tf.where(tf.not_equal(first, tf.range(n)))[:, 0], tf.int32)
+    start = tf.cast(tf.where(tf.not_equal(first, tf.range(n)))[:, 0] if later is None else later, tf.int32)
     last = tf.constant(n.dtype.max if limit is None else limit - 1, n.dtype)  # (the start counts one round)
     passed = tf.while_loop(lambda pending, _, rounds: (tf.size(pending) > 0) & (rounds < last), body,
                            [start, start, tf.constant(0, n.dtype)],

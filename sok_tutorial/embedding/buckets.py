@@ -243,10 +243,12 @@ class BucketedIndex:
             new = masked(new, admit(take(keys, new), None if counts is None else take(counts, new)))
         new_keys, new_bucket = take(keys, new), take(bucket, new)
         # the new keys of one bucket: for each key the first of them in the step's order (`first`), the
-        # keys that are first (`firsts`, one per bucket), and each key's rank among them (W: no slot left)
+        # keys that are first (`firsts`, one per bucket) and the others (`later`), and each key's rank
+        # among them (W: no slot left)
         first = first_in_group(tf.cast(new_bucket, tf.int32), self.num_buckets)
-        firsts = tf.where(tf.equal(first, tf.range(tf.size(first))))[:, 0]
-        rank = rank_in_group(first, limit=width)
+        later, firsts = tf.dynamic_partition(tf.range(tf.size(first, out_type=tf.int64)),
+                                             tf.cast(tf.equal(first, tf.range(tf.size(first))), tf.int32), 2)
+        rank = rank_in_group(first, limit=width, later=later)  # (`later`: the keys ranked above 0)
         new_held = take(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
         if self.num_buckets > 1:
             # A key whose bucket has more empty rows than new keys before it takes the rank-th empty row
@@ -270,18 +272,19 @@ class BucketedIndex:
                 position = updated(at, slow, tf.where(ok, position, -1))  # -1: no row (a quick key's is >= 0)
                 return position >= 0, position
 
-            ok, position = tf.cond(filling, with_empty_rows, lambda: self._choose(scored, rank)[:2])
+            ok, position = tf.cond(filling, with_empty_rows, lambda: self._choose(scored, rank, later)[:2])
             previous = []  # (a row held a key unless it holds its bucket's empty key: no marks needed)
         else:  # (a single bucket's empty rows hold a key like any other: marks tell)
             with tf.control_dependencies(touched):
                 ok, position, marks_before = self._by_marks(new_bucket, rank, now)
             previous = [marks_before]
         # the new keys that take a row (placed: their index in `keys`): in a full table's step, all of them
-        take_first, take_bucket, placed_keys, placed, position, *previous = kept(
-            ok, [first, new_bucket, new_keys, new, position, *previous])
+        take_first, take_bucket, placed_keys, placed, position, placed_new, *previous = kept(
+            ok, [first, new_bucket, new_keys, new, position, tf.range(tf.size(new, out_type=tf.int64)), *previous])
         taken = take_bucket * width + tf.cast(position, tf.int64)
-        held_at = placed * width + tf.cast(position, tf.int64)  # the taken row in the key's (n, W) bucket read
-        before = take(tf.reshape(held_keys, [-1]), held_at)  # the key each row taken held
+        # the key each row taken held, in its new key's bucket as the lookup read it (`placed_new`: the
+        # key's place among the new keys)
+        before = take(tf.reshape(new_held, [-1]), placed_new * width + tf.cast(position, tf.int64))
         evicting = previous[0] >= 0 if previous else tf.not_equal(before, self._empty_key(take_bucket))
         evicted = kept(evicting, [before])[0]
         # each bucket's keys after the step: the rows read, each new key in its slot of its bucket's
@@ -329,11 +332,13 @@ class BucketedIndex:
         dtype = tf.int64 if self.packed else self.mark_dtype
         return tf.zeros([0, self.width], dtype), tf.zeros([0, self.width], dtype), tf.zeros([0], tf.int32)
 
-    def _choose(self, scored: tuple[tf.Tensor, tf.Tensor, tf.Tensor], rank: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        """`_by_marks` from the `_scores` of the keys' buckets and their `rank`."""
+    def _choose(self, scored: tuple[tf.Tensor, tf.Tensor, tf.Tensor], rank: tf.Tensor,
+                later: tf.Tensor | None = None) -> tuple[tf.Tensor, ...]:
+        """`_by_marks` from the `_scores` of the keys' buckets and their `rank` (`later`: where it is
+        above 0, when known)."""
         priority, marks, position = scored
         width, floor = self.width, -_INT64_MAX if self.packed else 0
-        later = tf.where(rank > 0)[:, 0]  # the others: the rank-th lowest score (few)
+        later = tf.where(rank > 0)[:, 0] if later is None else later  # the others: the rank-th lowest (few)
         position = updated(position, later, nth_lowest(-take(priority, later), take(position, later),
                                                        tf.minimum(take(rank, later), width - 1)))
         # the slot each key would take, flat in its [W] row; it may if that row's priority is above
