@@ -117,6 +117,9 @@ def test_rank_in_group_counts_the_earlier_elements_of_each_group(groups, limit):
     rank = rank_in_group(tf.constant(first, tf.int32), limit=limit)
     earlier = [int(np.sum(ids[:i] == ids[i])) for i in range(len(ids))]
     assert rank.numpy().tolist() == [e if limit is None else min(e, limit) for e in earlier]
+    later = np.flatnonzero(np.array(first, np.int64) != np.arange(len(ids)))  # as a caller that has them passes
+    given = rank_in_group(tf.constant(first, tf.int32), limit=limit, later=tf.constant(later, tf.int64))
+    assert given.numpy().tolist() == rank.numpy().tolist()
 
 
 @pytest.mark.parametrize("bound", [40, 10**6])  # a dense array of the bound; tf.unique's map (bound > 32 n)
