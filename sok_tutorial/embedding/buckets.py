@@ -245,9 +245,9 @@ class BucketedIndex:
         # the new keys of one bucket: for each key the first of them in the step's order (`first`), the
         # keys that are first (`firsts`, one per bucket) and the others (`later`), and each key's rank
         # among them (W: no slot left)
+        order = tf.range(tf.size(new, out_type=tf.int64))  # (each new key's place among them)
         first = first_in_group(tf.cast(new_bucket, tf.int32), self.num_buckets)
-        later, firsts = tf.dynamic_partition(tf.range(tf.size(first, out_type=tf.int64)),
-                                             tf.cast(tf.equal(first, tf.range(tf.size(first))), tf.int32), 2)
+        later, firsts = tf.dynamic_partition(order, tf.cast(tf.equal(first, tf.range(tf.size(first))), tf.int32), 2)
         rank = rank_in_group(first, limit=width, later=later)  # (`later`: the keys ranked above 0)
         new_held = take(held_keys, new)  # (m, W): the keys of each new key's bucket, as the lookup read them
         if self.num_buckets > 1:
@@ -280,7 +280,7 @@ class BucketedIndex:
             previous = [marks_before]
         # the new keys that take a row (placed: their index in `keys`): in a full table's step, all of them
         take_first, take_bucket, placed_keys, placed, position, placed_new, *previous = kept(
-            ok, [first, new_bucket, new_keys, new, position, tf.range(tf.size(new, out_type=tf.int64)), *previous])
+            ok, [first, new_bucket, new_keys, new, position, order, *previous])
         taken = take_bucket * width + tf.cast(position, tf.int64)
         # the key each row taken held, in its new key's bucket as the lookup read it (`placed_new`: the
         # key's place among the new keys)
@@ -319,13 +319,18 @@ class BucketedIndex:
         if self.packed:
             marks = self._marks_of(values)
             score = lfu_words.scores(values, marks, now, self.halflife)
-            priority = tf.where(tf.not_equal(marks, now), -score, -_INT64_MAX)
+            priority = tf.where(tf.not_equal(marks, now), -score, self._floor)
         else:  # "lru" and "ttl": the age, now less the mark (no mark is later than now): 0 for a row
             # this step's keys hold, the most for an empty row (mark -1), in one subtraction
             marks, priority = values, tf.cast(now, self.mark_dtype) - values
         # the first new key of a bucket: its highest (a top_k of one: the first of equals, as
         # tf.argmax has it, at about two thirds of tf.argmax's cost on a CPU)
         return priority, marks, tf.math.top_k(priority, 1)[1][:, 0]
+
+    @property
+    def _floor(self) -> int:
+        """The priority of a row this step's keys hold (`_scores`), below every row that may be taken."""
+        return -_INT64_MAX if self.packed else 0
 
     def _no_scores(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """`_scores` of no bucket (a step that finds its rows empty, as a filling table does)."""
@@ -337,7 +342,7 @@ class BucketedIndex:
         """`_by_marks` from the `_scores` of the keys' buckets and their `rank` (`later`: where it is
         above 0, when known)."""
         priority, marks, position = scored
-        width, floor = self.width, -_INT64_MAX if self.packed else 0
+        width, floor = self.width, self._floor
         later = tf.where(rank > 0)[:, 0] if later is None else later  # the others: the rank-th lowest (few)
         position = updated(position, later, nth_lowest(-take(priority, later), take(position, later),
                                                        tf.minimum(take(rank, later), width - 1)))
