@@ -70,10 +70,11 @@ import tensorflow as tf
 
 from sok_tutorial.embedding import lfu_words
 from sok_tutorial.embedding.bucket_search import first_in_group, nth_lowest, nth_true, position_in_row, rank_in_group
+from sok_tutorial.embedding.buckets_host import EMPTY as _EMPTY
+from sok_tutorial.embedding.buckets_host import BucketsOnHost
 from sok_tutorial.embedding.dedup import mix_keys, mix_keys_np
 from sok_tutorial.embedding.ops import kept, local_view, masked, read_rows, read_spans, take, tf_variable, updated
 
-_EMPTY = -1
 _INT64_MAX = np.iinfo(np.int64).max
 _SAMPLE = 1024  # new keys whose buckets are checked for empty rows, to choose how a step places them
 
@@ -107,9 +108,9 @@ class Placed:
     unplaced: tf.Tensor
 
 
-class BucketedIndex:
+class BucketedIndex(BucketsOnHost):
     """The index of the module docstring: `create` its variables, then `lookup` and `place` in the
-    graph; `live`, `arrange` and `load` on the host.
+    graph; `live`, `arrange` and `load` on the host (`sok_tutorial.embedding.buckets_host`).
 
     Args:
         capacity: rows, a whole number of buckets.
@@ -351,57 +352,3 @@ class BucketedIndex:
         slot = tf.range(tf.size(rank), dtype=tf.int32) * width + position
         ok = (take(tf.reshape(priority, [-1]), slot) > floor) & (rank < width)
         return ok, position, tf.cast(take(tf.reshape(marks, [-1]), slot), tf.int64)
-
-    # ------------------------------------------------------------------ on the host
-    def marks_np(self, values: np.ndarray | None = None) -> np.ndarray:
-        """Each row's mark (-1: empty), int64: of `values` read from ``marks``, or of all rows."""
-        values = (self.marks.numpy() if values is None else np.asarray(values)).astype(np.int64)
-        return lfu_words.marks_of_np(values) if self.packed else values
-
-    def counts_np(self, values: np.ndarray) -> np.ndarray:
-        """``"lfu"``: the counts in `values` read from ``marks``, as stored (decayed as of their mark)."""
-        return lfu_words.counts_of_np(values)
-
-    def live(self, now: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(rows, keys, marks) of the rows holding a key (not expired at clock `now`), row order."""
-        marks = self.marks_np()
-        held = marks >= 0
-        if self.ttl is not None and now is not None:
-            held &= now - marks.astype(np.int64) <= self.ttl
-        rows = np.flatnonzero(held).astype(np.int64)
-        return rows, self.keys.numpy().reshape(-1)[rows], marks[rows]
-
-    def expired(self, since: int, now: int) -> np.ndarray:
-        """``"ttl"``: keys alive at clock `since` that have expired by `now` (still in their slots)."""
-        if self.ttl is None:
-            return np.zeros(0, np.int64)
-        marks = self.marks.numpy().astype(np.int64)
-        gone = (marks >= 0) & (marks >= since - self.ttl) & (marks < now - self.ttl)
-        return self.keys.numpy().reshape(-1)[gone]
-
-    def arrange(self, keys: np.ndarray, priority: np.ndarray) -> np.ndarray:
-        """Where `keys` (distinct) go when loaded into an empty index: the slot of each key, -1 for a
-        key its bucket had no room for; the higher `priority` first within a bucket, then the smaller
-        key (so the slots do not depend on the order given: a checkpoint of any layout restores alike)."""
-        bucket = self.bucket_np(keys)
-        order = np.lexsort((np.asarray(keys, np.int64), -np.asarray(priority, np.int64), bucket))
-        ranked = bucket[order]
-        starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(keys) else np.zeros(0, np.int64)
-        rank = np.arange(len(keys)) - np.repeat(starts, np.diff(np.r_[starts, len(keys)]))
-        slots = np.full(len(keys), _EMPTY, np.int64)
-        slots[order] = np.where(rank < self.width, ranked * self.width + rank, _EMPTY)
-        return slots
-
-    def load(self, keys: np.ndarray, slots: np.ndarray, marks: np.ndarray, counts: np.ndarray | None) -> None:
-        """Replace the index with `keys` at `slots` (from `arrange`; -1: left out)."""
-        kept = slots >= 0
-        row_keys, row_marks = self.empty_keys(), np.full(self.capacity, _EMPTY, np.int64)
-        row_keys[slots[kept]], row_marks[slots[kept]] = keys[kept], marks[kept]
-        shape = (self.num_buckets, self.width)
-        self.keys.assign(row_keys.reshape(shape))
-        if self.packed:
-            row_counts = np.zeros(self.capacity, np.int64)
-            row_counts[slots[kept]] = 0 if counts is None else counts[kept]
-            self.marks.assign(lfu_words.words_np(row_counts, row_marks))
-        else:
-            self.marks.assign(row_marks.astype(self.mark_dtype.as_numpy_dtype))
