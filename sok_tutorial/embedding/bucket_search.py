@@ -31,7 +31,7 @@ def position_in_row(match: tf.Tensor) -> tf.Tensor:
     word = tf.argmax(tf.cast(words != 0, tf.int32), axis=1, output_type=tf.int64) if width > 8 else \
         tf.zeros(tf.shape(words)[:1], tf.int64)
     value = words[:, 0] if width == 8 else tf.gather(words, word, batch_dims=1)
-    byte = tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64) // 8
+    byte = tf.bitwise.right_shift(tf.cast(tf.raw_ops.PopulationCount(x=value - 1), tf.int64), 3)  # (// 8)
     return tf.where(value != 0, word * 8 + byte, -1)
 
 
@@ -47,7 +47,7 @@ def nth_true(mask: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
     if width == 8 and sys.byteorder == "little":
         word = tf.bitcast(tf.cast(mask, tf.uint8), tf.uint64)  # (k,): slot i in byte i
         low = tf.bitwise.bitwise_and(word, tf.bitwise.invert(word) + 1)
-        first = tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32) // 8
+        first = tf.bitwise.right_shift(tf.cast(tf.raw_ops.PopulationCount(x=low - 1), tf.int32), 3)  # (// 8)
         later = tf.where(enough & (n > 0))[:, 0]
         sub = take(mask, later)
         count = tf.cumsum(tf.cast(sub, tf.int32), axis=1)

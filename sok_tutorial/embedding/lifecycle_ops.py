@@ -162,7 +162,8 @@ class LifecycleOps:
         size = self.options.eviction_log
         total, n = tf_variable(self.log_total), tf.size(keys, tf.int64)
         keys, n_kept = keys[-size:], tf.minimum(n, size)
-        at = (total + n - n_kept + tf.range(n_kept)) % size
+        at = (total + n - n_kept) % size + tf.range(n_kept)  # (one division: at most one wrap past the end)
+        at = tf.where(at >= size, at - size, at)
         overwritten = tf.maximum(total + n - size, 0)  # entries [0, overwritten) are gone afterwards
         newest_lost = tf.where(n > size, now, read_rows(self.log_marks, (overwritten - 1) % size))
         floor = tf_variable(self.log_floor)
