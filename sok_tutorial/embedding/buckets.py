@@ -316,7 +316,7 @@ class BucketedIndex(BucketsOnHost):
 
         A row that this step's keys hold has the priority floor (`_choose`), and is never taken; the
         lowest score goes first, the first of equals on a tie."""
-        values = read_spans(self.marks, bucket * self.width, self.width)  # (s, W): each bucket's rows
+        values = read_spans(self.marks, bucket, self.width)  # (s, W): each bucket's rows
         if self.packed:
             marks = self._marks_of(values)
             score = lfu_words.scores(values, marks, now, self.halflife)

@@ -209,9 +209,9 @@ def read_rows(variable: Any, indices: tf.Tensor) -> tf.Tensor:
 COPY_PER_GATHERED = 32
 
 
-def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
-    """``[n, width]``: the `width` consecutive elements of the 1-D `variable` from each of `starts`
-    (int, multiples of `width`), by whichever is cheaper at run time: a gather of single elements
+def read_spans(variable: Any, spans: tf.Tensor, width: int) -> tf.Tensor:
+    """``[n, width]``: span ``k`` of each of `spans` (int), the `width` consecutive elements of the
+    1-D `variable` from element ``k * width``, by whichever is cheaper at run time: a gather of single elements
     (cost grows with ``n * width``), or one read of the whole variable viewed as rows of `width`
     and a gather of whole rows (cost grows with the variable's size: TensorFlow copies a variable
     that sparse ops have written on every dense read). The read is taken when the variable holds
@@ -219,23 +219,15 @@ def read_spans(variable: Any, starts: tf.Tensor, width: int) -> tf.Tensor:
     reading about ``n * width`` elements.
 
     Example:
-        >>> read_spans(tf.Variable(tf.range(12)), tf.constant([8, 0]), 4).numpy().tolist()
+        >>> read_spans(tf.Variable(tf.range(12)), tf.constant([2, 0]), 4).numpy().tolist()
         [[8, 9, 10, 11], [0, 1, 2, 3]]
     """
     size = int(variable.shape[0])
-    starts = tf.cast(starts, tf.int64)  # (what `take` reads by: no second cast of the [n, width] indices)
+    spans = tf.cast(spans, tf.int64)  # (what `take` reads by: no second cast of the [n, width] indices)
     return _from_copy_or_gather(
-        variable, tf.size(starts) * width,
-        lambda copy: take(tf.reshape(copy, [size // width, width]), _divided(starts, width)),
-        lambda: read_rows(variable, starts[:, None] + tf.range(width, dtype=tf.int64)))
-
-
-def _divided(values: tf.Tensor, by: int) -> tf.Tensor:
-    """``values // by`` of non-negative integers: a shift when `by` is a power of two (an integer
-    division costs a CPU tens of cycles an element)."""
-    if by & (by - 1):
-        return values // by
-    return tf.bitwise.right_shift(values, tf.constant(by.bit_length() - 1, values.dtype))
+        variable, tf.size(spans) * width,
+        lambda copy: take(tf.reshape(copy, [size // width, width]), spans),
+        lambda: read_rows(variable, (spans * width)[:, None] + tf.range(width, dtype=tf.int64)))
 
 
 def read_elements(variable: Any, indices: tf.Tensor) -> tf.Tensor:
