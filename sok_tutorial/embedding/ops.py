@@ -211,11 +211,11 @@ COPY_PER_GATHERED = 32
 
 def read_spans(variable: Any, spans: tf.Tensor, width: int) -> tf.Tensor:
     """``[n, width]``: span ``k`` of each of `spans` (int), the `width` consecutive elements of the
-    1-D `variable` from element ``k * width``, by whichever is cheaper at run time: a gather of single elements
-    (cost grows with ``n * width``), or one read of the whole variable viewed as rows of `width`
-    and a gather of whole rows (cost grows with the variable's size: TensorFlow copies a variable
-    that sparse ops have written on every dense read). The read is taken when the variable holds
-    at most `COPY_PER_GATHERED` times the elements gathered, so either way the cost is that of
+    1-D `variable` from element ``k * width``, by whichever is cheaper at run time: a gather of
+    single elements (cost grows with ``n * width``), or one read of the whole variable viewed as rows
+    of `width` and a gather of whole rows (cost grows with the variable's size: TensorFlow copies a
+    variable that sparse ops have written on every dense read). The read is taken when the variable
+    holds at most `COPY_PER_GATHERED` times the elements gathered, so either way the cost is that of
     reading about ``n * width`` elements.
 
     Example:
