@@ -49,8 +49,20 @@ class KeysToVectors:
         2**31 deduplicates them as int32: a hash map of half the width, which ``tf.unique`` fills
         faster. A key outside ``[0, capacity)`` becomes ``capacity`` first (as unsigned, a negative
         key is larger than any row id), never a row id, so the range check of `rows` still meets it.
-        There are then at most ``capacity + 1`` distinct ids (`distinct`'s ``most``)."""
-        if self.indexed or self.capacity >= 2**31:
+        There are then at most ``capacity + 1`` distinct ids (`distinct`'s ``most``).
+
+        A dynamic table's keys are any int64; a step whose keys all lie in ``[0, 2**31)`` (the ids
+        of most categorical features) deduplicates them as int32 too, found by one maximum over
+        the keys read as unsigned. The distinct keys and their order are the same either way
+        (first sight, and the same parts of the key space), so the rows new keys get are too."""
+        if self.indexed:
+            def narrow() -> tuple[tf.Tensor, tf.Tensor]:
+                unique, position = distinct(tf.cast(keys, tf.int32))
+                return tf.cast(unique, tf.int64), position
+
+            fits = tf.reduce_max(tf.bitcast(keys, tf.uint64)) < tf.constant(2**31, tf.uint64)
+            return tf.cond(fits, narrow, lambda: distinct(keys))
+        if self.capacity >= 2**31:
             return distinct(keys)
         row_ids = tf.minimum(tf.bitcast(keys, tf.uint64), tf.constant(self.capacity, tf.uint64))
         unique, position = distinct(tf.cast(row_ids, tf.int32), most=self.capacity + 1)

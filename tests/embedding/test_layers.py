@@ -180,6 +180,17 @@ def test_dense_layer_equals_gather_and_dynamic_input():
     assert flex(tf.constant([1, 2, 3, 4, 5], tf.int64)).shape == (5, 3)
 
 
+def test_keys_alike_in_their_low_32_bits_keep_rows_of_their_own():
+    """A step whose keys all lie in [0, 2**31) is deduplicated as int32; a step with any other key
+    must not be, or 3 and 2**32 + 3 (and 2**31 and -2**31) would share a row."""
+    layer = sok.All2AllDenseEmbedding(16, 3, slot_num=1, nnz_per_slot=6)
+    spec = init_spec("random_uniform")
+    for keys, size in (([3, 2**32 + 3, 2**31, -(2**31), 3, 2**31 - 1], 5), ([2**31 - 1, 3, 9, 3, 0, 9], 7)):
+        out = layer(tf.constant([[keys]], tf.int64), training=True).numpy().reshape(6, 3)
+        np.testing.assert_array_equal(out, keyed_initial_values(np.array(keys), 3, spec))
+        assert layer.table.size == size
+
+
 def test_any_width_and_key_seeded_initial_values():
     for dim in (1, 3, 17):
         layer = sok.All2AllDenseEmbedding(10, dim, slot_num=1, nnz_per_slot=1)
