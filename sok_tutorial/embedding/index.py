@@ -217,7 +217,8 @@ def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name
     keys = tf.convert_to_tensor(keys, tf.int64)
     rows, slots = lookup(index, keys)
     missing = rows < 0
-    new_keys, new_slots = masked(keys, missing), masked(slots, missing)
+    new_at = tf.where(missing)[:, 0]
+    new_keys, new_slots = take(keys, new_at), take(slots, new_at)
     if share is not None:
         new_keys = tf.unique(share(new_keys))[0]  # first-occurrence order: the same on every replica
         new_slots = lookup(index, new_keys)[1]
@@ -235,7 +236,7 @@ def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name
     with tf.control_dependencies([grown]):
         if share is not None:
             rows = tf.where(missing, lookup(index, keys)[0], rows)
-        else:  # (a step whose keys all have rows, the usual one once a table is warm, skips the pass)
-            rows = tf.cond(count > 0, lambda: tf.where(missing, held + tf.cumsum(tf.cast(missing, tf.int64)) - 1, rows),
-                           lambda: rows)
+        else:  # the new keys' rows in their places (a step whose keys all have rows, the usual one once
+            # a table is warm, skips it; `updated`'s writes cost less than a running count over all keys)
+            rows = tf.cond(count > 0, lambda: updated(rows, new_at, new_rows), lambda: rows)
         return tf.identity(rows), tf.identity(new_keys), new_rows
