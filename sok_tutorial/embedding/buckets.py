@@ -294,15 +294,17 @@ class BucketedIndex(BucketsOnHost):
         new_rows = take(tf.reshape(new_rows, [-1, width]), firsts)
         with tf.control_dependencies([evicted]):
             seen = lfu_words.word(take(counts, placed), now) if self.packed else tf.fill(tf.shape(taken), stamp)
-            writes = [tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, take(new_bucket, firsts))),
-                      tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))]
-        with tf.control_dependencies(writes):
-            rows = updated(tf.where(held, row, _EMPTY), placed, taken)
-            if self.ttl is not None:  # expired keys back in their own rows: fresh values too
-                renewed = tf.where(held & ~live)[:, 0]
-                placed_keys = tf.concat([placed_keys, take(keys, renewed)], 0)
-                taken = tf.concat([taken, take(row, renewed)], 0)
-            return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(placed, tf.int64))
+            tf_variable(self.keys).scatter_update(tf.IndexedSlices(new_rows, take(new_bucket, firsts)))
+            tf_variable(self.marks).scatter_update(tf.IndexedSlices(seen, taken))
+        # (the rows do not wait for the writes: later reads of these variables follow them, as every
+        # access to one variable in a function follows the one before, while the step's gathers run
+        # beside them)
+        rows = updated(tf.where(held, row, _EMPTY), placed, taken)
+        if self.ttl is not None:  # expired keys back in their own rows: fresh values too
+            renewed = tf.where(held & ~live)[:, 0]
+            placed_keys = tf.concat([placed_keys, take(keys, renewed)], 0)
+            taken = tf.concat([taken, take(row, renewed)], 0)
+        return Placed(rows, placed_keys, taken, evicted, tf.size(new_keys, tf.int64) - tf.size(placed, tf.int64))
 
     def _by_marks(self, bucket: tf.Tensor, rank: tf.Tensor, now: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """For new keys of `bucket` with `rank` earlier new keys in it, each: (whether it may take a

@@ -233,10 +233,12 @@ def lookup_or_insert(index: IndexVariables, keys: tf.Tensor, capacity: int, name
         placed = insert(index, new_keys, new_rows, new_slots)
     with tf.control_dependencies([placed]):
         grown = index.size.assign_add(count)
-    with tf.control_dependencies([grown]):
-        if share is not None:
-            rows = tf.where(missing, lookup(index, keys)[0], rows)
-        else:  # the new keys' rows in their places (a step whose keys all have rows, the usual one once
-            # a table is warm, skips it; `updated`'s writes cost less than a running count over all keys)
-            rows = tf.cond(count > 0, lambda: updated(rows, new_at, new_rows), lambda: rows)
-        return tf.identity(rows), tf.identity(new_keys), new_rows
+    if share is not None:
+        with tf.control_dependencies([grown]):
+            return tf.where(missing, lookup(index, keys)[0], rows), tf.identity(new_keys), new_rows
+    # The new keys' rows in their places, known before the slots are written: the step's lookups
+    # start while the insert runs beside them (a later access to the index in the function follows
+    # it, as every access to a variable follows the one before). A step whose keys all have rows,
+    # the usual one once a table is warm, skips the update (its writes cost less than a running
+    # count over all keys).
+    return tf.cond(count > 0, lambda: updated(rows, new_at, new_rows), lambda: rows), new_keys, new_rows

@@ -181,12 +181,13 @@ class LifecycleOps:
         now = self.tick()
         screen = (lambda new, c: self.admit(new, c, now)) if admission and self.options.admits else None
         placed = self.buckets.place(keys, counts, now, screen)
-        ops = [*self._log(placed.evicted, now), tf_variable(self.unplaced).assign_add(placed.unplaced),
-               tf_variable(self.row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
-                                                                  placed.new_rows))]
-        with tf.control_dependencies(ops):
-            return (tf.identity(placed.rows), placed.rows >= 0, tf.identity(placed.new_keys),
-                    tf.identity(placed.new_rows))
+        # the log, the count and the fresh marks are written beside the step, not before its lookups
+        # (`BucketedIndex.place`)
+        self._log(placed.evicted, now)
+        tf_variable(self.unplaced).assign_add(placed.unplaced)
+        tf_variable(self.row_fresh).scatter_update(tf.IndexedSlices(tf.ones(tf.shape(placed.new_rows), tf.bool),
+                                                                    placed.new_rows))
+        return placed.rows, placed.rows >= 0, placed.new_keys, placed.new_rows
 
     def place_open(self, index: key_index.IndexVariables, keys: tf.Tensor, counts: tf.Tensor | None, *,
                    admission: bool = True) -> tuple[tf.Tensor, tf.Tensor | None, tf.Tensor, tf.Tensor]:
@@ -230,13 +231,13 @@ class LifecycleOps:
         count = tf.size(new_keys, tf.int64)
         with tf.control_dependencies(checks):
             written = [clock.assign(now), *(self.touch(masked(rows, found), now) if life.track_changes else [])]
-        with tf.control_dependencies(written):
             new_rows = held + tf.range(count)
+        with tf.control_dependencies(written):
             placed = key_index.insert(index, new_keys, new_rows, new_slots)
         with tf.control_dependencies([placed]):
-            ops = [index.size.assign_add(count)]
+            index.size.assign_add(count)
             if life.track_changes:
-                ops += self.touch(new_rows, now)
-        with tf.control_dependencies(ops):
-            rows = updated(rows, tf.where(placing)[:, 0], new_rows)
-            return rows, (rows >= 0 if admission and life.admits else None), tf.identity(new_keys), new_rows
+                self.touch(new_rows, now)
+        # (the rows do not wait for the insert: `sok_tutorial.embedding.index.lookup_or_insert`)
+        rows = updated(rows, tf.where(placing)[:, 0], new_rows)
+        return rows, (rows >= 0 if admission and life.admits else None), new_keys, new_rows

@@ -35,6 +35,22 @@ def test_new_keys_take_rows_in_order_of_first_sight_and_start_from_their_own_vec
     assert exported["keys"].tolist() == [2**63 - 1, 5, -(2**63), 0, -1, 1, 2**40, -(2**40)]
 
 
+@pytest.mark.parametrize("options", [{}, {"track_changes": True}, {"eviction_policy": "lru", "bucket_capacity": 4}])
+def test_two_training_lookups_in_one_function_see_each_others_new_keys(options):
+    """A step that looks one table up twice (two features sharing it) gives a key new to both lookups
+    one row, as two steps one after the other would: the second lookup reads the index after the
+    first one's writes, which the first lookup's rows do not wait for."""
+    first, second = tf.constant([1, 2, 3, 4], tf.int64), tf.constant([3, 4, 5, 6, 1], tf.int64)
+    together, apart = EmbeddingTable(64, 2, **options), EmbeddingTable(64, 2, **options)
+    out = tf.function(lambda: (together(first, training=True), together(second, training=True)))()
+    expected = (apart(first, training=True), apart(second, training=True))
+    for got, want in zip(out, expected):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    keys = [1, 2, 3, 4, 5, 6]
+    assert _rows(together, keys) == _rows(apart, keys) and len(set(_rows(together, keys))) == 6
+    assert together.size == apart.size == 6
+
+
 def test_empty_batches_and_inference_leave_the_table_alone():
     table = EmbeddingTable(8, 2)
     assert table(tf.zeros([0, 3], tf.int64), training=True).shape == (0, 3, 2) and table.size == 0
