@@ -64,6 +64,26 @@ def test_a_crowded_index_places_colliding_keys():
     _check_layout(index)
 
 
+def test_lookups_stop_where_linear_probing_does():
+    """Each key's slot, held or the empty one it would take, is the first slot from its home that
+    holds it or is empty, also at the end of long runs of full slots."""
+    index = IndexVariables.create(capacity=64)
+    lookup_or_insert(index, tf.constant(np.random.default_rng(1).integers(LOW, HIGH, 64, dtype=np.int64)), 64, "t")
+    slots = index.slots.numpy()
+    asked = np.r_[slots[slots[:, 1] >= 0, 0], np.random.default_rng(2).integers(LOW, HIGH, 200, dtype=np.int64)]
+    rows, at = lookup(index, tf.constant(asked))
+    expected_at, steps = [], []
+    for key, home in zip(asked, home_slots(tf.constant(asked), index.bits).numpy()):
+        slot = int(home)
+        while slots[slot, 1] >= 0 and slots[slot, 0] != key:
+            slot = (slot + 1) % len(slots)
+        expected_at.append(slot)
+        steps.append((slot - home) % len(slots))
+    assert at.numpy().tolist() == expected_at
+    assert rows.numpy().tolist() == [int(slots[s, 1]) if slots[s, 1] >= 0 else -1 for s in expected_at]
+    assert max(steps) > 8  # long runs were met
+
+
 def test_a_full_table_refuses_new_keys_and_writes_nothing():
     index = IndexVariables.create(capacity=3)
     lookup_or_insert(index, tf.constant([5, 6], tf.int64), 3, "items")
