@@ -157,7 +157,7 @@ class LifecycleOps:
                                       tf_variable(self.sketch_keys).assign(0)]):
             return tf.constant(True)
 
-    def _log(self, keys: tf.Tensor, now: tf.Tensor) -> list[Any]:
+    def _log(self, keys: tf.Tensor, now: tf.Tensor) -> None:
         """Append evicted `keys` to the ring buffer; remember the newest mark the buffer lets go."""
         size = self.options.eviction_log
         total, n = tf_variable(self.log_total), tf.size(keys, tf.int64)
@@ -169,10 +169,10 @@ class LifecycleOps:
         floor = tf_variable(self.log_floor)
         lost = tf.where(overwritten > 0, tf.maximum(newest_lost, floor), floor)
         with tf.control_dependencies([lost]):
-            return [floor.assign(lost),
-                    tf_variable(self.log_keys).scatter_update(tf.IndexedSlices(keys, at)),
-                    tf_variable(self.log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at)),
-                    total.assign_add(n)]
+            floor.assign(lost)
+            tf_variable(self.log_keys).scatter_update(tf.IndexedSlices(keys, at))
+            tf_variable(self.log_marks).scatter_update(tf.IndexedSlices(tf.fill([n_kept], now), at))
+            total.assign_add(n)
 
     def place_bucketed(self, keys: tf.Tensor, counts: tf.Tensor | None, *,
                        admission: bool = True) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
