@@ -95,6 +95,40 @@ def train(table: str, optimizer: str, steps: int = STEPS, profile: bool = False)
     return result
 
 
+def paired(optimizer: str, steps: int = STEPS) -> dict[str, Any]:
+    """The dynamic table against the static one in one process, step by step: both built as `train`
+    builds them, then two passes over the same batches, each step run on one table and then the
+    other (which goes first alternates). The first pass is the dynamic table's cold run (its keys new,
+    as in ``dynamic``), the second its warm one (every key has a row, as in ``dynamic_warm``); the
+    first `WARM` steps of each pass are not timed. Per pass: each table's median samples/s and the
+    median, lower and upper quartile of the per-step ratio static time / dynamic time.
+
+    Separate processes put each table on its own draw of the shared host, and their ratio moves by
+    about a tenth from run to run for the same code; two steps taken back to back meet the same host,
+    so this ratio moves by a few hundredths."""
+    import tensorflow as tf
+
+    set_threads()
+    data = [(tf.constant(k), tf.constant(y)) for k, y in batches(WARM + steps)]
+    tables = {kind: model(optimizer, ROWS_PER_TABLE * NT, data[0][0], use_hashtable=kind == "dynamic")[1]
+              for kind in ("static", "dynamic")}
+    result: dict[str, Any] = {}
+    for phase in ("cold", "warm"):
+        times: dict[str, list[float]] = {"static": [], "dynamic": []}
+        for i, (keys, labels) in enumerate(data):
+            for kind in (("static", "dynamic") if i % 2 else ("dynamic", "static")):
+                start = time.perf_counter()
+                float(tables[kind](keys, labels))
+                if i >= WARM:
+                    times[kind].append(time.perf_counter() - start)
+        ratios = [s / d for s, d in zip(times["static"], times["dynamic"])]
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        result[phase] = {"static_samples_per_s": statistics.median(BATCH / t for t in times["static"]),
+                         "dynamic_samples_per_s": statistics.median(BATCH / t for t in times["dynamic"]),
+                         "dynamic_vs_static": statistics.median(ratios), "ratio_q1": q1, "ratio_q3": q3}
+    return result
+
+
 def set_threads(profile: bool = False) -> None:
     """TensorFlow's threads for a benchmark child, before anything starts TensorFlow's runtime: 2
     intra-op threads (one per core of the reference machine) for a timed run; one thread for

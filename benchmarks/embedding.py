@@ -21,7 +21,9 @@ Adagrad, Adam, LazyAdam and RowWiseAdagrad, with the cores each kept busy; the d
 ratio, also for ``dynamic_warm`` (the dynamic table once every key has a row: the index's lookups
 without inserts), and for both fed by a pipeline that also looks the keys up in the index
 (``dynamic_pipeline``, ``dynamic_warm_pipeline``, `sok_tutorial.embedding.lookup_ahead`) against
-``static_pipeline``; the per-op profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
+``static_pipeline``; the same dynamic/static ratios cold and warm with both tables in one process,
+step by step (``paired``: `benchmarks._tables.paired`, the steadier reading of the two); the per-op
+profile of the SGD and LazyAdam steps. With ``--torchrec PYTHON``
 (TorchRec's virtualenv) and ``--peers DIR`` (the folder of ``bench_torchrec.py``), TorchRec's
 fused CPU kernels and plain PyTorch run in the same rounds.
 
@@ -207,7 +209,9 @@ def gather_ceiling(rows: int, keys: str) -> float:
 
 def child(argv: list[str]) -> None:
     case, rows, steps, keys = argv[0], int(argv[1]), int(argv[2]), argv[3]
-    if case.startswith("torchrec_shape:"):  # torchrec_shape:<static|dynamic>:<optimizer>[:profile]
+    if case.startswith("torchrec_shape:paired:"):  # torchrec_shape:paired:<optimizer>
+        result = _tables.paired(case.split(":")[2], steps)
+    elif case.startswith("torchrec_shape:"):  # torchrec_shape:<static|dynamic...>:<optimizer>[:profile]
         parts = case.split(":")
         result = _tables.train(parts[1], parts[2], steps, profile=parts[-1] == "profile")
     elif case.startswith("eviction:"):  # eviction:<case>[:profile], eviction:hit_rates, eviction:deltas
@@ -289,6 +293,19 @@ def tables_report(results: dict, peers: dict[str, list[float]], profiles: dict) 
                 row[ratio] = round(sps[kind] / sps["static"], 2)
             table.append(row)
         goals[f"dynamic_vs_static_{optimizer}"] = {"goal": 0.9, "measured": round(sps["dynamic"] / sps["static"], 2)}
+        goals[f"dynamic_warm_vs_static_{optimizer}"] = {"goal": 0.9,
+                                                        "measured": round(sps["dynamic_warm"] / sps["static"], 2)}
+        pairs = results.get(f"torchrec_shape:paired:{optimizer}")
+        for phase in ("cold", "warm") if pairs else ():  # the same two tables in one process, step by step
+            runs = [r[phase] for r in pairs]
+            ratio = _bench.median([r["dynamic_vs_static"] for r in runs])
+            table.append({"case": "torchrec_shape", "table": f"paired_{phase}", "optimizer": optimizer,
+                          "static_samples_per_s": round(_bench.median([r["static_samples_per_s"] for r in runs])),
+                          "samples_per_s": round(_bench.median([r["dynamic_samples_per_s"] for r in runs])),
+                          "dynamic_vs_static": round(ratio, 2),
+                          "ratio_quartiles": [round(_bench.median([r[q] for r in runs]), 2)
+                                              for q in ("ratio_q1", "ratio_q3")]})
+            goals[f"dynamic_{phase}_vs_static_paired_{optimizer}"] = {"goal": 0.9, "measured": round(ratio, 2)}
     for name, runs in peers.items():
         table.append({"case": "torchrec_peer", "table": name, "samples_per_s": round(_bench.median(runs))})
     if peers:
@@ -353,7 +370,7 @@ def main() -> None:
         steps = 8 if args.quick else _tables.STEPS
         results: dict[str, list] = {}
         peers: dict[str, list[float]] = {}
-        cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in TABLE_KINDS]
+        cases = ([f"torchrec_shape:{kind}:{o}" for o in _tables.OPTIMIZERS for kind in (*TABLE_KINDS, "paired")]
                  if "torchrec_shape" in groups else [])
         cases += [f"index:{kind}" for kind in _tables.INDEXES + _tables.KERNELS] if "index" in groups else []
         for _ in range(1 if args.quick else args.repeat):

@@ -27,3 +27,35 @@ def test_eviction_report_sets_lfu_and_wider_buckets_against_lru_at_capacity_with
     assert notes["within_run"] == {"lfu_full_vs_lru_full_amortized": 0.75, "lru_full_w16_vs_lru_full_amortized": 1.1}
     _, notes = _eviction.report({"roomy": _case(100.0), "lfu_full": _case(60.0)}, {}, {"timed_steps": 36})
     assert notes["within_run"] == {}  # (no LRU table at capacity in the run: nothing to set them against)
+
+
+def _tables_results(paired: dict[str, list[tuple[float, float]]]) -> dict[str, list[dict]]:
+    """torchrec_shape results: every table kind at 100 samples/s (static 200), and for the optimizers
+    in `paired` one paired run per (cold, warm) ratio given."""
+    from benchmarks import _tables, embedding
+
+    results = {f"torchrec_shape:{kind}:{o}": [{"samples_per_s": 200.0 if kind == "static" else 100.0,
+                                                "cpu_busy": 1.5}]
+               for o in _tables.OPTIMIZERS for kind in embedding.TABLE_KINDS}
+    for optimizer, ratios in paired.items():
+        results[f"torchrec_shape:paired:{optimizer}"] = [
+            {phase: {"static_samples_per_s": 100.0, "dynamic_samples_per_s": 100.0 * ratio,
+                     "dynamic_vs_static": ratio, "ratio_q1": ratio - 0.02, "ratio_q3": ratio + 0.03}
+             for phase, ratio in zip(("cold", "warm"), pair)} for pair in ratios]
+    return results
+
+
+def test_tables_report_gives_the_paired_ratios_as_the_median_over_rounds_beside_the_separate_ones():
+    from benchmarks import embedding
+
+    results = _tables_results({"sgd": [(0.70, 0.95), (0.80, 0.85), (0.75, 0.91)]})
+    rows, notes = embedding.tables_report(results, {}, {})
+    paired = {r["table"]: r for r in rows if r["optimizer"] == "sgd" and r["table"].startswith("paired")}
+    assert paired["paired_cold"]["dynamic_vs_static"] == 0.75 and paired["paired_warm"]["dynamic_vs_static"] == 0.91
+    assert paired["paired_warm"]["ratio_quartiles"] == [0.89, 0.94]  # (the medians of each round's quartiles)
+    goals = notes["goals"]
+    assert goals["dynamic_cold_vs_static_paired_sgd"]["measured"] == 0.75
+    assert goals["dynamic_warm_vs_static_paired_sgd"]["measured"] == 0.91
+    assert goals["dynamic_vs_static_sgd"]["measured"] == goals["dynamic_warm_vs_static_sgd"]["measured"] == 0.5
+    assert "dynamic_cold_vs_static_paired_adam" not in goals  # (no paired run of Adam: no paired goal)
+    assert not [r for r in rows if r["optimizer"] == "adam" and r["table"].startswith("paired")]
