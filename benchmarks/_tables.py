@@ -103,9 +103,9 @@ def paired(optimizer: str, steps: int = STEPS) -> dict[str, Any]:
     first `WARM` steps of each pass are not timed. Per pass: each table's median samples/s and the
     median, lower and upper quartile of the per-step ratio static time / dynamic time.
 
-    Separate processes put each table on its own draw of the shared host, and their ratio moves by
-    about a tenth from run to run for the same code; two steps taken back to back meet the same host,
-    so this ratio moves by a few hundredths."""
+    Separate processes put each table on its own draw of the shared host, so their ratio moves from
+    run to run for the same code more than the ratio of two steps taken back to back, which meet the
+    same host (the README has both)."""
     import tensorflow as tf
 
     set_threads()
