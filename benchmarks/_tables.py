@@ -115,12 +115,11 @@ def paired(optimizer: str, steps: int = STEPS) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for phase in ("cold", "warm"):
         times: dict[str, list[float]] = {"static": [], "dynamic": []}
-        for i, (keys, labels) in enumerate(data):
+        for i, batch in enumerate(data):
             for kind in (("static", "dynamic") if i % 2 else ("dynamic", "static")):
-                start = time.perf_counter()
-                float(tables[kind](keys, labels))
+                took = timed(tables[kind], [batch])
                 if i >= WARM:
-                    times[kind].append(time.perf_counter() - start)
+                    times[kind] += took
         ratios = [s / d for s, d in zip(times["static"], times["dynamic"])]
         q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
         result[phase] = {"static_samples_per_s": statistics.median(BATCH / t for t in times["static"]),
