@@ -22,6 +22,11 @@ figure the goals use. Cores busy: the process's CPU time over the wall time of t
     lru_full_w16      lru_full with buckets of 16 rows (bucket_capacity=16; default 8)
     *_adagrad         roomy and lru_full with Adagrad (slots restarted for reused rows)
 
+and two bounds, which are not tables: ``lru_full`` and ``lru_roomy`` with the choice of each new
+key's row made free (`free_choice`): what their steps would cost if finding the lowest-scored row
+of each new key's bucket, and a distinct one for new keys of one bucket, cost nothing. The rest of
+the step stays: the lookup, the touch, the writes of the taken buckets' keys and marks, the log.
+
 Besides speed: ``hit_rates`` replays the stream through an LRU table and an exact LRU cache of
 the same capacity (`sok_tutorial.embedding.hit_rate`), for buckets of 8 and 16, on this stream
 and on a stationary Zipf stream, and an LRU table with ``min_count=2`` beside one that admits every
@@ -60,6 +65,8 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "roomy_adagrad": ("adagrad", "roomy", {}),
     "lru_full_adagrad": ("adagrad", "full", {"eviction_policy": "lru"}),
 }
+#: bound: the case whose table it is, with the choice of rows made free (`free_choice`)
+BOUNDS = {"lru_full_free_choice": "lru_full", "lru_roomy_free_choice": "lru_roomy"}
 PROFILED = ("roomy", "lru_full")
 PROFILE_STEPS = 6
 
@@ -99,18 +106,56 @@ def stream(steps: int) -> dict[str, Any]:
             "full_admitted_capacity": full_capacity(steps, admitted=True), "roomy_capacity": ROOMY}
 
 
+def free_choice(index: Any) -> None:
+    """Make the `sok_tutorial.embedding.buckets.BucketedIndex` `index` place a step's new keys with
+    the choice of their rows made free, for the bounds (`BOUNDS`): each takes the slot of its bucket
+    that bits 7-9 of its key name, whatever that slot holds (even a key of this step), without scores,
+    grouping or ranks. Everything else a training lookup does stays: the lookup of the bucket, the
+    touch of the hits, the write of each taken bucket's keys (built from the row the lookup read,
+    one per new key, so of two new keys of one bucket one is lost) and of the taken rows' marks."""
+    import tensorflow as tf
+
+    from sok_tutorial.embedding.buckets import Placed
+    from sok_tutorial.embedding.ops import take, tf_variable, updated
+
+    width = index.width
+
+    def place(keys: tf.Tensor, counts: tf.Tensor | None, now: tf.Tensor, admit: Any = None) -> Placed:
+        bucket, held_keys, row, held, _ = index._find(keys, now)
+        stamp = tf.cast(now, index.mark_dtype)
+        hits = take(row, tf.where(held)[:, 0])
+        touched = tf_variable(index.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))
+        new = tf.where(~held)[:, 0]
+        new_keys, new_bucket = take(keys, new), take(bucket, new)
+        position = tf.bitwise.bitwise_and(tf.bitwise.right_shift(new_keys, 7), width - 1)
+        taken, at = new_bucket * width + position, tf.range(tf.size(new, out_type=tf.int64)) * width + position
+        new_held = tf.reshape(take(held_keys, new), [-1])
+        evicted = take(new_held, at)
+        with tf.control_dependencies([touched]):
+            rows = tf.reshape(updated(new_held, at, new_keys), [-1, width])
+            tf_variable(index.keys).scatter_update(tf.IndexedSlices(rows, new_bucket))
+            tf_variable(index.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(taken), stamp), taken))
+        return Placed(updated(tf.where(held, row, -1), new, taken), new_keys, taken, evicted,
+                      tf.constant(0, tf.int64))
+
+    index.place = place
+
+
 def train(case: str, steps: int = STEPS, profile: bool = False) -> dict[str, Any]:
-    """One case: step times, evictions and rows placed per timed step (and a per-op profile)."""
+    """One case or bound (`BOUNDS`): step times, evictions and rows placed per timed step (and a
+    per-op profile)."""
     import tensorflow as tf
 
     _tables.set_threads(profile)
-    optimizer, room, options = CASES[case]
+    optimizer, room, options = CASES[BOUNDS.get(case, case)]
     fill = plan(steps)[0]
     extra = PROFILE_STEPS if profile else 0
     data = [(tf.constant(k), tf.constant(y)) for k, y in _tables.batches(fill + steps + extra, DRIFT)]
     capacity = ROOMY if room == "roomy" else full_capacity(steps, admitted=room == "full_admitted")
     embedding, step = _tables.model(optimizer, capacity, data[0][0], use_hashtable=True, **options)
     table = embedding.table
+    if case in BOUNDS:  # (the step is traced at its first call, below: it places keys the free way)
+        free_choice(table.buckets)
     counters: list[tuple[int, int]] = []
 
     def count() -> None:  # (rows evicted so far, keys left without a row so far): two scalars
@@ -157,10 +202,11 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
     def med(case: str, key: str) -> float:
         return statistics.median(r[key] for r in results[case])
 
-    rows, goals = [], {}
-    for case, (optimizer, _, options) in CASES.items():
+    rows, goals, bounds = [], {}, {}
+    for case in (*CASES, *BOUNDS):
         if case not in results:
             continue
+        optimizer = CASES[BOUNDS.get(case, case)][0]
         roomy = "roomy" if optimizer == "sgd" else f"roomy_{optimizer}"
         runs = results[case]
         row = {"case": "eviction", "table": case, "optimizer": optimizer, "capacity": runs[0]["capacity"],
@@ -178,6 +224,13 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
             row[key] = round(statistics.median(values), 1) if values else None
         row["unplaced_per_step"] = round(med(case, "unplaced_per_step"), 1)
         row["index_bytes_per_row"] = runs[0]["index_bytes_per_row"]
+        if case in BOUNDS:  # (not a table: what its table's step would be with the choice of rows free)
+            row["bound_of"] = BOUNDS[case]
+            bounds[case] = {"vs_roomy_amortized": row["vs_roomy_amortized"], "goal_of_its_table":
+                            GOALS.get(BOUNDS[case])}
+            if BOUNDS[case] in results:
+                bounds[case]["its_table_vs_roomy_amortized"] = round(
+                    med(BOUNDS[case], "samples_per_s_amortized") / med(roomy, "samples_per_s_amortized"), 2)
         if case in GOALS:
             row.update(goal=GOALS[case], goal_met=row["vs_roomy_amortized"] >= GOALS[case])
             goals[f"{case}_vs_{roomy}_amortized"] = {"goal": GOALS[case], "measured": row["vs_roomy_amortized"],
@@ -214,7 +267,7 @@ def report(results: dict[str, list[dict[str, Any]]], profiles: dict[str, Any], s
         rows.append({"case": "delta", "table": f"lru_full +{d['steps']} steps", **{k: v for k, v in d.items()
                                                                                    if k != "steps"}})
     return rows, {"workload": __doc__.split("\n\n")[1].replace("\n", " "), "stream": stream_stats, "goals": goals,
-                  "roomy_check": checks, "within_run": within, "profiles_ms_per_step": profiles}
+                  "bounds": bounds, "roomy_check": checks, "within_run": within, "profiles_ms_per_step": profiles}
 
 
 def hit_rates(steps: int = STEPS) -> dict[str, Any]:

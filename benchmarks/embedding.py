@@ -36,7 +36,8 @@ and ``gather``: a step's reads (rows, row-wise accumulators, buckets of keys) by
 Group ``eviction`` (``benchmarks/_eviction.py``): the torchrec_shape workload with a drifting key
 stream (50-75k new keys a step) into dynamic tables with SGD (and Adagrad): one with room to spare
 and no policy, with ``track_changes``, and full ones evicting every step under
-``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with buckets of 16;
+``eviction_policy="lru"``, ``"lfu"``, LRU with ``min_count=2`` and LRU with buckets of 16,
+and two bounds (the LRU tables with the choice of each new key's row made free);
 samples/s (median and amortized), the ratio to the roomy table (goals: LRU at capacity >= 0.85x,
 LFU and admission >= 0.8x, LRU with room >= 0.97x), rows evicted and keys left without a row per
 step, index bytes per row, hit rates against exact LRU, delta exports against full ones at three
@@ -543,7 +544,7 @@ def eviction(args: Any, run: Any) -> None:
     steps = args.steps or (12 if args.quick else _eviction.STEPS)
     results: dict[str, list] = {}
     for _ in range(1 if args.quick else args.repeat):
-        for case in _eviction.CASES:
+        for case in (*_eviction.CASES, *_eviction.BOUNDS):
             results.setdefault(case, []).append(run(f"eviction:{case}", 0, steps, ""))
     profiles = {case: run(f"eviction:{case}:profile", 0, steps, "")["profile"] for case in _eviction.PROFILED}
     hits, deltas = run("eviction:hit_rates", 0, steps, ""), run("eviction:deltas", 0, steps, "")
@@ -551,6 +552,9 @@ def eviction(args: Any, run: Any) -> None:
     _bench.report("embedding_eviction", rows, args.out, notes=notes)
     for name, g in notes["goals"].items():
         print(f"{name}: {g['measured']} (goal {g['goal']}) {'met' if g['met'] else 'NOT met'}")
+    for name, b in notes["bounds"].items():
+        print(f"bound {name}: {b['vs_roomy_amortized']} (its table {b.get('its_table_vs_roomy_amortized')}, goal "
+              f"{b['goal_of_its_table']})")
     if notes["within_run"]:
         print("within the run: " + ", ".join(f"{name} {ratio}" for name, ratio in notes["within_run"].items()))
     if notes["roomy_check"].get("roomy_ran_slow"):

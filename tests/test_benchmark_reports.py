@@ -29,6 +29,35 @@ def test_eviction_report_sets_lfu_and_wider_buckets_against_lru_at_capacity_with
     assert notes["within_run"] == {}  # (no LRU table at capacity in the run: nothing to set them against)
 
 
+def test_eviction_report_sets_a_bound_beside_its_table_and_never_as_a_goal():
+    results = {"roomy": _case(100.0), "lru_full": _case(78.0), "lru_full_free_choice": _case(88.0)}
+    rows, notes = _eviction.report(results, {}, {"timed_steps": 36})
+    bound = next(r for r in rows if r["table"] == "lru_full_free_choice")
+    assert bound["bound_of"] == "lru_full" and bound["vs_roomy_amortized"] == 0.88 and "goal" not in bound
+    assert notes["bounds"] == {"lru_full_free_choice": {"vs_roomy_amortized": 0.88, "goal_of_its_table": 0.85,
+                                                        "its_table_vs_roomy_amortized": 0.78}}
+    assert not any("free_choice" in name for name in notes["goals"])
+
+
+def test_free_choice_places_every_new_key_in_the_slot_its_bits_name():
+    import numpy as np
+    import tensorflow as tf
+
+    from sok_tutorial.embedding.buckets import BucketedIndex
+
+    index = BucketedIndex(capacity=64, width=8, policy="lru")
+    index.create(lambda name, shape, dtype, value: tf.Variable(tf.cast(tf.broadcast_to(value, shape), dtype)))
+    _eviction.free_choice(index)
+    candidates = np.arange(1, 4000, 129, dtype=np.int64)  # (keys in four different buckets: none is lost)
+    keys = candidates[np.unique(index.bucket_np(candidates), return_index=True)[1][:4]]
+    placed = index.place(tf.constant(keys), None, tf.constant(1, tf.int64))
+    slots = (keys >> 7) & 7
+    assert placed.rows.numpy().tolist() == (index.bucket_np(keys) * 8 + slots).tolist()
+    assert placed.new_keys.numpy().tolist() == keys.tolist()
+    again = index.place(tf.constant(keys[:1]), None, tf.constant(2, tf.int64))  # a hit: no new key, the same row
+    assert again.new_keys.numpy().size == 0 and again.rows.numpy()[0] == placed.rows.numpy()[0]
+
+
 def _tables_results(paired: dict[str, list[tuple[float, float]]]) -> dict[str, list[dict]]:
     """torchrec_shape results: every table kind at 100 samples/s (static 200), and for the optimizers
     in `paired` one paired run per (cold, warm) ratio given."""
