@@ -108,13 +108,15 @@ def stream(steps: int) -> dict[str, Any]:
 
 def free_choice(index: Any) -> None:
     """Make the `sok_tutorial.embedding.buckets.BucketedIndex` `index` place a step's new keys with
-    the choice of their rows made free, for the bounds (`BOUNDS`): each takes the slot of its bucket
-    that bits 7-9 of its key name, whatever that slot holds (even a key of this step), without scores,
-    grouping or ranks. Everything else a training lookup does stays: the lookup of the bucket, the
-    touch of the hits, the write of each taken bucket's keys (built from the row the lookup read,
-    one per new key, so of two new keys of one bucket one is lost) and of the taken rows' marks."""
+    the choice of their rows made free, for the bounds (`BOUNDS`): each takes the first empty row of
+    its bucket as the lookup read it, or else the row that bits 7-9 of its key name, whatever that
+    row holds (even a key of this step), without scores, grouping or ranks. Everything else a
+    training lookup does stays: the lookup of the bucket, the touch of the hits, the write of each
+    taken bucket's keys (built from the row the lookup read, one per new key, so of two new keys of
+    one bucket one is lost, and comes back as new) and of the taken rows' marks."""
     import tensorflow as tf
 
+    from sok_tutorial.embedding.bucket_search import nth_true
     from sok_tutorial.embedding.buckets import Placed
     from sok_tutorial.embedding.ops import take, tf_variable, updated
 
@@ -127,9 +129,12 @@ def free_choice(index: Any) -> None:
         touched = tf_variable(index.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))
         new = tf.where(~held)[:, 0]
         new_keys, new_bucket = take(keys, new), take(bucket, new)
-        position = tf.bitwise.bitwise_and(tf.bitwise.right_shift(new_keys, 7), width - 1)
+        new_held = take(held_keys, new)
+        empty = nth_true(tf.equal(new_held, index._empty_key(new_bucket)[:, None]), tf.zeros(tf.shape(new), tf.int32))
+        position = tf.where(empty >= 0, tf.cast(empty, tf.int64),
+                            tf.bitwise.bitwise_and(tf.bitwise.right_shift(new_keys, 7), width - 1))
         taken, at = new_bucket * width + position, tf.range(tf.size(new, out_type=tf.int64)) * width + position
-        new_held = tf.reshape(take(held_keys, new), [-1])
+        new_held = tf.reshape(new_held, [-1])
         evicted = take(new_held, at)
         with tf.control_dependencies([touched]):
             rows = tf.reshape(updated(new_held, at, new_keys), [-1, width])

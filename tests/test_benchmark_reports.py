@@ -39,7 +39,7 @@ def test_eviction_report_sets_a_bound_beside_its_table_and_never_as_a_goal():
     assert not any("free_choice" in name for name in notes["goals"])
 
 
-def test_free_choice_places_every_new_key_in_the_slot_its_bits_name():
+def test_free_choice_places_a_new_key_in_its_buckets_first_empty_row_else_where_its_bits_say():
     import numpy as np
     import tensorflow as tf
 
@@ -51,11 +51,18 @@ def test_free_choice_places_every_new_key_in_the_slot_its_bits_name():
     candidates = np.arange(1, 4000, 129, dtype=np.int64)  # (keys in four different buckets: none is lost)
     keys = candidates[np.unique(index.bucket_np(candidates), return_index=True)[1][:4]]
     placed = index.place(tf.constant(keys), None, tf.constant(1, tf.int64))
-    slots = (keys >> 7) & 7
-    assert placed.rows.numpy().tolist() == (index.bucket_np(keys) * 8 + slots).tolist()
+    assert placed.rows.numpy().tolist() == (index.bucket_np(keys) * 8).tolist()  # (empty buckets: their first row)
     assert placed.new_keys.numpy().tolist() == keys.tolist()
     again = index.place(tf.constant(keys[:1]), None, tf.constant(2, tf.int64))  # a hit: no new key, the same row
     assert again.new_keys.numpy().size == 0 and again.rows.numpy()[0] == placed.rows.numpy()[0]
+    bucket = index.bucket_np(keys[:1])[0]  # fill its bucket, then one more key of it goes where its bits say
+    others = np.arange(5000, 400000, 131, dtype=np.int64)
+    others = others[index.bucket_np(others) == bucket][:8]
+    for i in range(7):
+        assert int(index.place(tf.constant(others[i:i + 1]), None, tf.constant(3 + i, tf.int64)).rows[0]) == \
+            bucket * 8 + 1 + i
+    last = int(index.place(tf.constant(others[7:]), None, tf.constant(20, tf.int64)).rows[0])
+    assert last == bucket * 8 + ((int(others[7]) >> 7) & 7)
 
 
 def _tables_results(paired: dict[str, list[tuple[float, float]]]) -> dict[str, list[dict]]:
