@@ -118,7 +118,7 @@ def free_choice(index: Any) -> None:
 
     from sok_tutorial.embedding.bucket_search import nth_true
     from sok_tutorial.embedding.buckets import Placed
-    from sok_tutorial.embedding.ops import take, tf_variable, updated
+    from sok_tutorial.embedding.ops import masked, take, tf_variable, updated
 
     width = index.width
 
@@ -129,13 +129,14 @@ def free_choice(index: Any) -> None:
         touched = tf_variable(index.marks).scatter_update(tf.IndexedSlices(tf.fill(tf.shape(hits), stamp), hits))
         new = tf.where(~held)[:, 0]
         new_keys, new_bucket = take(keys, new), take(bucket, new)
-        new_held = take(held_keys, new)
-        empty = nth_true(tf.equal(new_held, index._empty_key(new_bucket)[:, None]), tf.zeros(tf.shape(new), tf.int32))
+        new_held, empty_key = take(held_keys, new), index._empty_key(new_bucket)
+        empty = nth_true(tf.equal(new_held, empty_key[:, None]), tf.zeros(tf.shape(new), tf.int32))
         position = tf.where(empty >= 0, tf.cast(empty, tf.int64),
                             tf.bitwise.bitwise_and(tf.bitwise.right_shift(new_keys, 7), width - 1))
         taken, at = new_bucket * width + position, tf.range(tf.size(new, out_type=tf.int64)) * width + position
         new_held = tf.reshape(new_held, [-1])
-        evicted = take(new_held, at)
+        before = take(new_held, at)
+        evicted = masked(before, tf.not_equal(before, empty_key))  # (a row that held no key evicts none)
         with tf.control_dependencies([touched]):
             rows = tf.reshape(updated(new_held, at, new_keys), [-1, width])
             tf_variable(index.keys).scatter_update(tf.IndexedSlices(rows, new_bucket))

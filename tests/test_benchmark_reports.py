@@ -52,7 +52,7 @@ def test_free_choice_places_a_new_key_in_its_buckets_first_empty_row_else_where_
     keys = candidates[np.unique(index.bucket_np(candidates), return_index=True)[1][:4]]
     placed = index.place(tf.constant(keys), None, tf.constant(1, tf.int64))
     assert placed.rows.numpy().tolist() == (index.bucket_np(keys) * 8).tolist()  # (empty buckets: their first row)
-    assert placed.new_keys.numpy().tolist() == keys.tolist()
+    assert placed.new_keys.numpy().tolist() == keys.tolist() and placed.evicted.numpy().size == 0
     again = index.place(tf.constant(keys[:1]), None, tf.constant(2, tf.int64))  # a hit: no new key, the same row
     assert again.new_keys.numpy().size == 0 and again.rows.numpy()[0] == placed.rows.numpy()[0]
     bucket = index.bucket_np(keys[:1])[0]  # fill its bucket, then one more key of it goes where its bits say
@@ -61,8 +61,10 @@ def test_free_choice_places_a_new_key_in_its_buckets_first_empty_row_else_where_
     for i in range(7):
         assert int(index.place(tf.constant(others[i:i + 1]), None, tf.constant(3 + i, tf.int64)).rows[0]) == \
             bucket * 8 + 1 + i
-    last = int(index.place(tf.constant(others[7:]), None, tf.constant(20, tf.int64)).rows[0])
-    assert last == bucket * 8 + ((int(others[7]) >> 7) & 7)
+    last = index.place(tf.constant(others[7:]), None, tf.constant(20, tf.int64))
+    slot = (int(others[7]) >> 7) & 7
+    assert int(last.rows[0]) == bucket * 8 + slot
+    assert last.evicted.numpy().tolist() == [keys[0] if slot == 0 else others[slot - 1]]  # (the row's key before)
 
 
 def _tables_results(paired: dict[str, list[tuple[float, float]]]) -> dict[str, list[dict]]:
